@@ -1,0 +1,157 @@
+// The machine's own limits, measured in the benchmark binary itself, so every
+// throughput figure can be read as a fraction of what this machine can do:
+//   - fp32 FMA peak: independent MulAdd chains on the Highway target this
+//     binary was compiled for (its vector width is the kernels' width too);
+//   - memcpy bandwidth: bytes read + bytes written per second on buffers far
+//     larger than the last-level cache;
+//   - streaming read bandwidth: bytes read per second (what decode is bound by).
+// Each is taken with 1 thread and with all hardware threads.
+#pragma once
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace seqattn::bench {
+
+struct MachineLimits {
+  const char* simd_target = "";
+  int threads = 1;
+  double fma_gflops_1t = 0;     // fp32, one thread
+  double fma_gflops_all = 0;    // fp32, all threads
+  double memcpy_gbps_1t = 0;    // (read + write) bytes / s
+  double memcpy_gbps_all = 0;
+  double read_gbps_1t = 0;      // read bytes / s
+  double read_gbps_all = 0;
+};
+
+namespace detail {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Ten independent accumulator chains cover FMA latency (4 cycles) times two
+// FMA pipes on Zen 4/5 and Intel cores, so the loop is throughput-bound.
+inline double fma_gflops_one_thread(double seconds) {
+  const hn::ScalableTag<float> d;
+  auto a0 = hn::Set(d, 0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0;
+  const auto x = hn::Set(d, 0.999999f), y = hn::Set(d, 1e-7f);
+  constexpr long kInner = 1 << 16;
+  long iterations = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    for (long i = 0; i < kInner; ++i) {
+      a0 = hn::MulAdd(a0, x, y); a1 = hn::MulAdd(a1, x, y); a2 = hn::MulAdd(a2, x, y);
+      a3 = hn::MulAdd(a3, x, y); a4 = hn::MulAdd(a4, x, y); a5 = hn::MulAdd(a5, x, y);
+      a6 = hn::MulAdd(a6, x, y); a7 = hn::MulAdd(a7, x, y); a8 = hn::MulAdd(a8, x, y);
+      a9 = hn::MulAdd(a9, x, y);
+    }
+    iterations += kInner;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (elapsed < seconds);
+  const auto sum = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9;
+  volatile float sink = hn::GetLane(sum);
+  (void)sink;
+  return 2.0 * 10.0 * static_cast<double>(hn::Lanes(d)) * static_cast<double>(iterations) / elapsed * 1e-9;
+}
+
+inline double read_gbps_one_thread(const float* data, std::size_t n, double seconds) {
+  const hn::ScalableTag<float> d;
+  const std::size_t lanes = hn::Lanes(d);
+  auto s0 = hn::Zero(d), s1 = s0, s2 = s0, s3 = s0;
+  std::size_t bytes = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    for (std::size_t i = 0; i + 4 * lanes <= n; i += 4 * lanes) {
+      s0 = hn::Add(s0, hn::LoadU(d, data + i));
+      s1 = hn::Add(s1, hn::LoadU(d, data + i + lanes));
+      s2 = hn::Add(s2, hn::LoadU(d, data + i + 2 * lanes));
+      s3 = hn::Add(s3, hn::LoadU(d, data + i + 3 * lanes));
+    }
+    bytes += n * sizeof(float);
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (elapsed < seconds);
+  volatile float sink = hn::GetLane(s0 + s1 + s2 + s3);
+  (void)sink;
+  return static_cast<double>(bytes) / elapsed * 1e-9;
+}
+
+inline double memcpy_gbps_one_thread(char* dst, const char* src, std::size_t n, double seconds) {
+  std::size_t bytes = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    std::memcpy(dst, src, n);
+    bytes += 2 * n;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (elapsed < seconds);
+  return static_cast<double>(bytes) / elapsed * 1e-9;
+}
+
+// Runs fn(thread_index) on `threads` threads at once and sums the results.
+template <class Fn>
+double run_on_threads(int threads, Fn fn) {
+  std::vector<double> results(static_cast<std::size_t>(threads));
+  std::vector<std::thread> pool;
+  std::atomic<int> ready{0};
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (ready.load() < threads) {
+      }
+      results[static_cast<std::size_t>(t)] = fn(t);
+    });
+  }
+  for (auto& th : pool) th.join();
+  double sum = 0;
+  for (double r : results) sum += r;
+  return sum;
+}
+
+}  // namespace detail
+
+// Measures all limits; takes about 2 s.
+inline MachineLimits measure_machine_limits() {
+  MachineLimits m;
+  m.simd_target = hwy::TargetName(HWY_STATIC_TARGET);
+  m.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  m.fma_gflops_1t = detail::fma_gflops_one_thread(0.3);
+  m.fma_gflops_all = detail::run_on_threads(m.threads, [](int) { return detail::fma_gflops_one_thread(0.3); });
+
+  constexpr std::size_t kBytes = std::size_t{256} << 20;  // per thread; far beyond any LLC share
+  std::vector<std::vector<char>> src(static_cast<std::size_t>(m.threads)), dst(src.size());
+  for (std::size_t t = 0; t < src.size(); ++t) {
+    src[t].assign(kBytes, static_cast<char>(t + 1));
+    dst[t].assign(kBytes, 0);
+  }
+  m.memcpy_gbps_1t = detail::memcpy_gbps_one_thread(dst[0].data(), src[0].data(), kBytes, 0.3);
+  m.memcpy_gbps_all = detail::run_on_threads(m.threads, [&](int t) {
+    auto i = static_cast<std::size_t>(t);
+    return detail::memcpy_gbps_one_thread(dst[i].data(), src[i].data(), kBytes, 0.3);
+  });
+  auto as_floats = [&](int t) { return reinterpret_cast<const float*>(src[static_cast<std::size_t>(t)].data()); };
+  m.read_gbps_1t = detail::read_gbps_one_thread(as_floats(0), kBytes / sizeof(float), 0.3);
+  m.read_gbps_all = detail::run_on_threads(
+      m.threads, [&](int t) { return detail::read_gbps_one_thread(as_floats(t), kBytes / sizeof(float), 0.3); });
+  return m;
+}
+
+inline void print_machine_limits(const MachineLimits& m) {
+  std::fprintf(stderr,
+               "machine limits (Highway target %s, %d threads):\n"
+               "  fp32 FMA peak   %8.1f GFLOP/s (1 thread)  %8.1f GFLOP/s (%d threads)\n"
+               "  memcpy (r+w)    %8.1f GB/s    (1 thread)  %8.1f GB/s    (%d threads)\n"
+               "  streaming read  %8.1f GB/s    (1 thread)  %8.1f GB/s    (%d threads)\n",
+               m.simd_target, m.threads, m.fma_gflops_1t, m.fma_gflops_all, m.threads, m.memcpy_gbps_1t,
+               m.memcpy_gbps_all, m.threads, m.read_gbps_1t, m.read_gbps_all, m.threads);
+}
+
+}  // namespace seqattn::bench

@@ -1,0 +1,24 @@
+# Compile options for seqattn's own targets (tests, examples, benchmarks and
+# the dispatch library). None of this reaches consumers of seqattn::seqattn.
+
+# Highway 1.0.3 picks its static target from the compile flags, with traps:
+# no flags -> SCALAR/EMU128, -march=x86-64-v3 alone -> SSSE3 (AVX2 also wants
+# AES+PCLMUL), -march=native on AVX-512 VNNI machines -> #error unless
+# HWY_WANT_AVX3_DL. The default below gives AVX2 on any x86-64-v3 machine.
+if(SEQATTN_SIMD_FLAGS STREQUAL "" AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+  set(SEQATTN_SIMD_FLAGS "-march=x86-64-v3 -DHWY_DISABLE_PCLMUL_AES")
+endif()
+separate_arguments(_seqattn_simd_flags UNIX_COMMAND "${SEQATTN_SIMD_FLAGS}")
+message(STATUS "seqattn: SIMD flags for own targets: ${SEQATTN_SIMD_FLAGS}")
+
+add_library(seqattn_project_options INTERFACE)
+target_compile_options(seqattn_project_options INTERFACE -Wall -Wextra -Wpedantic ${_seqattn_simd_flags})
+if(SEQATTN_WARNINGS_AS_ERRORS)
+  target_compile_options(seqattn_project_options INTERFACE -Werror)
+endif()
+if(NOT SEQATTN_SANITIZE STREQUAL "")
+  target_compile_options(seqattn_project_options INTERFACE -fsanitize=${SEQATTN_SANITIZE} -fno-sanitize-recover=all
+                                                           -fno-omit-frame-pointer)
+  target_link_options(seqattn_project_options INTERFACE -fsanitize=${SEQATTN_SANITIZE})
+endif()
+target_link_libraries(seqattn_project_options INTERFACE seqattn::seqattn)

@@ -1,0 +1,26 @@
+# Sourced by the other scripts: installs the Debian packages seqattn's build,
+# tests, examples and benchmarks need, when any is missing. Needs root or sudo
+# only when something must be installed.
+seqattn_packages=(cmake make g++ libhwy-dev catch2 libbenchmark-dev)
+
+seqattn_missing=()
+for pkg in "${seqattn_packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    seqattn_missing+=("$pkg")
+  fi
+done
+
+if ((${#seqattn_missing[@]})); then
+  echo "seqattn: installing missing Debian packages: ${seqattn_missing[*]}"
+  if [ "$(id -u)" -eq 0 ]; then
+    seqattn_sudo=()
+  elif command -v sudo >/dev/null 2>&1; then
+    seqattn_sudo=(sudo)
+  else
+    echo "seqattn: need root or sudo to install: ${seqattn_missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${seqattn_sudo[@]}" apt-get update
+  "${seqattn_sudo[@]}" apt-get install -y --no-install-recommends "${seqattn_missing[@]}"
+fi

@@ -3,9 +3,9 @@
 // each benchmark can report its throughput as a fraction of the limit.
 #pragma once
 
-#include <benchmark/benchmark.h>
-
 #include <string>
+
+#include <benchmark/benchmark.h>
 
 #include "support/machine_limits.hpp"
 

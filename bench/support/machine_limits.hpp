@@ -8,8 +8,6 @@
 // Each is taken with 1 thread and with all hardware threads.
 #pragma once
 
-#include <hwy/highway.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -19,16 +17,18 @@
 #include <thread>
 #include <vector>
 
+#include <hwy/highway.h>
+
 namespace seqattn::bench {
 
 struct MachineLimits {
   const char* simd_target = "";
   int threads = 1;
-  double fma_gflops_1t = 0;     // fp32, one thread
-  double fma_gflops_all = 0;    // fp32, all threads
-  double memcpy_gbps_1t = 0;    // (read + write) bytes / s
+  double fma_gflops_1t = 0;   // fp32, one thread
+  double fma_gflops_all = 0;  // fp32, all threads
+  double memcpy_gbps_1t = 0;  // (read + write) bytes / s
   double memcpy_gbps_all = 0;
-  double read_gbps_1t = 0;      // read bytes / s
+  double read_gbps_1t = 0;  // read bytes / s
   double read_gbps_all = 0;
 };
 
@@ -48,9 +48,15 @@ inline double fma_gflops_one_thread(double seconds) {
   double elapsed = 0;
   do {
     for (long i = 0; i < kInner; ++i) {
-      a0 = hn::MulAdd(a0, x, y); a1 = hn::MulAdd(a1, x, y); a2 = hn::MulAdd(a2, x, y);
-      a3 = hn::MulAdd(a3, x, y); a4 = hn::MulAdd(a4, x, y); a5 = hn::MulAdd(a5, x, y);
-      a6 = hn::MulAdd(a6, x, y); a7 = hn::MulAdd(a7, x, y); a8 = hn::MulAdd(a8, x, y);
+      a0 = hn::MulAdd(a0, x, y);
+      a1 = hn::MulAdd(a1, x, y);
+      a2 = hn::MulAdd(a2, x, y);
+      a3 = hn::MulAdd(a3, x, y);
+      a4 = hn::MulAdd(a4, x, y);
+      a5 = hn::MulAdd(a5, x, y);
+      a6 = hn::MulAdd(a6, x, y);
+      a7 = hn::MulAdd(a7, x, y);
+      a8 = hn::MulAdd(a8, x, y);
       a9 = hn::MulAdd(a9, x, y);
     }
     iterations += kInner;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "seqattn/core.hpp"
+
 #include "support/catch.hpp"
 
 using seqattn::Extents;

@@ -1,6 +1,7 @@
 #include <random>
 
 #include "seqattn/masks.hpp"
+
 #include "support/catch.hpp"
 
 using namespace seqattn;
@@ -29,8 +30,8 @@ void check_block_mask(const M& mask, const BlockMask& bm, index_t heads) {
           for (index_t q = t.q_begin; q < t.q_end; ++q) {
             for (index_t kv = t.kv_begin; kv < t.kv_end; ++kv) {
               const index_t c = kv - t.kv_begin;
-              const bool bit = (bits[static_cast<std::size_t>((q - t.q_begin) * bm.words_per_row() + c / 64)] >>
-                                (c % 64)) & 1u;
+              const bool bit =
+                  (bits[static_cast<std::size_t>((q - t.q_begin) * bm.words_per_row() + c / 64)] >> (c % 64)) & 1u;
               REQUIRE(bit == mask.allowed(ctx, q, kv));
             }
           }

@@ -28,10 +28,10 @@ struct SegmentTable {
   // Throws unless the four spans agree in length and every segment lies
   // within [0, q_tokens) x [0, kv_tokens) with non-negative length.
   void validate(index_t q_tokens, index_t kv_tokens) const {
-    detail::require(q_offsets.size() == q_lens.size() && kv_offsets.size() == q_lens.size() &&
-                        kv_lens.size() == q_lens.size(),
-                    "SegmentTable: q_offsets, q_lens, kv_offsets and kv_lens must have one entry per segment, got ",
-                    q_offsets.size(), ", ", q_lens.size(), ", ", kv_offsets.size(), " and ", kv_lens.size());
+    detail::require(
+        q_offsets.size() == q_lens.size() && kv_offsets.size() == q_lens.size() && kv_lens.size() == q_lens.size(),
+        "SegmentTable: q_offsets, q_lens, kv_offsets and kv_lens must have one entry per segment, got ",
+        q_offsets.size(), ", ", q_lens.size(), ", ", kv_offsets.size(), " and ", kv_lens.size());
     for (std::size_t i = 0; i < q_lens.size(); ++i) {
       detail::require(q_lens[i] >= 0 && q_offsets[i] >= 0 && q_offsets[i] + q_lens[i] <= q_tokens,
                       "SegmentTable: segment ", i, " covers query tokens [", q_offsets[i], ", ",

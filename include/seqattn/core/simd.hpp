@@ -13,9 +13,9 @@
 namespace seqattn {
 inline namespace HWY_CONCAT(abi_, HWY_NAMESPACE) {
 
-// Name of the Highway target the static-dispatch kernels of this TU use,
-// e.g. "AVX2" or "AVX3". Tests and benchmarks print it.
-inline const char* static_simd_target() { return hwy::TargetName(HWY_STATIC_TARGET); }
+  // Name of the Highway target the static-dispatch kernels of this TU use,
+  // e.g. "AVX2" or "AVX3". Tests and benchmarks print it.
+  inline const char* static_simd_target() { return hwy::TargetName(HWY_STATIC_TARGET); }
 
-}  // namespace HWY_CONCAT(abi_, HWY_NAMESPACE)
+}  // namespace )
 }  // namespace seqattn

@@ -128,8 +128,8 @@ class TensorView {
 
   // View of T converts to view of const T.
   template <class U>
-    requires(!std::is_same_v<U, T> && std::is_convertible_v<U (*)[], T (*)[]>)
-  TensorView(const TensorView<U>& other)  // NOLINT(google-explicit-constructor)
+  requires(!std::is_same_v<U, T> && std::is_convertible_v<U (*)[], T (*)[]>)
+      TensorView(const TensorView<U>& other)  // NOLINT(google-explicit-constructor)
       : data_(other.data()), shape_(other.shape()), strides_(other.strides()) {}
 
   T* data() const { return data_; }

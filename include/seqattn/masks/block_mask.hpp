@@ -124,8 +124,8 @@ class BlockMask {
   static index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
   std::size_t row(index_t b, index_t h, index_t qb) const {
     const index_t head = heads_ == 1 ? 0 : h;
-    return static_cast<std::size_t>((q_block_base_[static_cast<std::size_t>(b)] * heads_) +
-                                    head * num_q_blocks(b) + qb);
+    return static_cast<std::size_t>((q_block_base_[static_cast<std::size_t>(b)] * heads_) + head * num_q_blocks(b) +
+                                    qb);
   }
 
   RaggedLengths lengths_;

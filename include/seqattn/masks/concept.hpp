@@ -48,11 +48,11 @@ struct Tile {
 };
 
 template <class M>
-concept MaskDescription =
-    std::copyable<M> && requires(const M& m, const MaskContext& ctx, index_t q, index_t kv, const Tile& tile) {
-      { m.allowed(ctx, q, kv) } -> std::convertible_to<bool>;
-      { m.classify(ctx, tile) } -> std::same_as<TileClass>;
-    };
+concept MaskDescription = std::copyable<M> &&
+    requires(const M& m, const MaskContext& ctx, index_t q, index_t kv, const Tile& tile) {
+  { m.allowed(ctx, q, kv) } -> std::convertible_to<bool>;
+  { m.classify(ctx, tile) } -> std::same_as<TileClass>;
+};
 
 // A description whose answer never depends on the head may declare
 // `static constexpr bool head_invariant = true;` so block metadata is built

@@ -20,5 +20,10 @@ if(NOT SEQATTN_SANITIZE STREQUAL "")
   target_compile_options(seqattn_project_options INTERFACE -fsanitize=${SEQATTN_SANITIZE} -fno-sanitize-recover=all
                                                            -fno-omit-frame-pointer)
   target_link_options(seqattn_project_options INTERFACE -fsanitize=${SEQATTN_SANITIZE})
+  # GCC 12 reports -Wmaybe-uninitialized falsely under sanitizer
+  # instrumentation (GCC bug 105562 and relatives); the release build keeps it.
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(seqattn_project_options INTERFACE -Wno-maybe-uninitialized)
+  endif()
 endif()
 target_link_libraries(seqattn_project_options INTERFACE seqattn::seqattn)

@@ -10,12 +10,16 @@
 
 #define SEQATTN_STATIC_TARGET_IS_SCALAR (HWY_STATIC_TARGET == HWY_SCALAR || HWY_STATIC_TARGET == HWY_EMU128)
 
+// The inline ABI namespace for entry points that depend on the static target
+// (e.g. seqattn::abi_N_AVX2). It must differ from HWY_NAMESPACE itself.
+#define SEQATTN_ABI_NAMESPACE HWY_CONCAT(abi_, HWY_NAMESPACE)
+
 namespace seqattn {
-inline namespace HWY_CONCAT(abi_, HWY_NAMESPACE) {
+inline namespace SEQATTN_ABI_NAMESPACE {
 
-  // Name of the Highway target the static-dispatch kernels of this TU use,
-  // e.g. "AVX2" or "AVX3". Tests and benchmarks print it.
-  inline const char* static_simd_target() { return hwy::TargetName(HWY_STATIC_TARGET); }
+// Name of the Highway target the static-dispatch kernels of this TU use,
+// e.g. "AVX2" or "AVX3". Tests and benchmarks print it.
+inline const char* static_simd_target() { return hwy::TargetName(HWY_STATIC_TARGET); }
 
-}  // namespace )
+}  // namespace SEQATTN_ABI_NAMESPACE
 }  // namespace seqattn

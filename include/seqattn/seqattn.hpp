@@ -8,4 +8,5 @@
 
 #include "seqattn/core.hpp"
 #include "seqattn/core/simd.hpp"
+#include "seqattn/descriptors.hpp"
 #include "seqattn/masks.hpp"

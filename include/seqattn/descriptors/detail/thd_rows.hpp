@@ -1,0 +1,248 @@
+// Per-row kernels that turn segment ids and positions into seqlens and
+// offsets. Linear in the tokens of a row: one pass gathers each segment's run
+// and min/max position, a second pass runs only over segments that the mask
+// trims partially (never in self-attention).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "seqattn/core/error.hpp"
+#include "seqattn/core/tensor.hpp"
+#include "seqattn/descriptors/detail/rows.hpp"
+#include "seqattn/descriptors/types.hpp"
+
+namespace seqattn::detail {
+
+// A row of ids or positions; Unit = the token axis is contiguous.
+template <bool Unit>
+struct RowPtr {
+  const std::int32_t* p;
+  index_t step;
+  std::int32_t operator[](index_t t) const { return Unit ? p[t] : p[t * step]; }
+};
+
+// Runs of one side of one row, indexed by segment id 1..count.
+struct SegmentRuns {
+  std::vector<index_t> begin, end;             // token range of the run
+  std::vector<std::int32_t> min_pos, max_pos;  // over the run
+  int count = 0;
+
+  void reserve(int max_segments) {
+    const auto n = static_cast<std::size_t>(max_segments) + 1;
+    begin.resize(n);
+    end.resize(n);
+    min_pos.resize(n);
+    max_pos.resize(n);
+  }
+  index_t run_length(int s) const { return end[static_cast<std::size_t>(s)] - begin[static_cast<std::size_t>(s)]; }
+};
+
+[[noreturn]] inline void throw_bad_segment_id(const RowSource& ids, index_t row, index_t t, std::int32_t v,
+                                              const SegmentRuns& runs, int max_segments) {
+  const std::string at = concat(ids.where(row), ", token ", t, ": ");
+  if (v < 0) throw_invalid(at, "negative segment id ", v, " (0 is padding, real ids start at 1)");
+  if (v <= runs.count) {
+    throw_invalid(at, "segment id ", v, " appears again after its run ended at token ",
+                  runs.end[static_cast<std::size_t>(v)] - 1,
+                  "; each segment must be one contiguous run (padding only between segments)");
+  }
+  if (v != runs.count + 1) {
+    throw_invalid(at, "segment id ", v, " follows ", runs.count == 0 ? "the row start" : "segment ",
+                  runs.count == 0 ? std::string() : std::to_string(runs.count), "; expected id ", runs.count + 1,
+                  ": ids must number the segments of a row 1, 2, 3, ... in order of appearance");
+  }
+  throw_invalid(at, "segment id ", v, " exceeds max_segments_per_seq=", max_segments,
+                " (TE would silently drop its tokens)");
+}
+
+inline constexpr index_t kScanBlock = 32;
+
+// Pass 1: validates the ids of a row and records each segment's run and, if
+// WithPositions, its position range (self-attention needs no positions).
+template <bool WithPositions, bool Unit>
+void scan_runs(RowPtr<Unit> ids, RowPtr<Unit> pos, index_t len, SegmentRuns& runs, const RowSource& ids_src,
+               index_t src_row, int max_segments) {
+  runs.count = 0;
+  index_t t = 0;
+  while (t < len) {
+    const std::int32_t v = ids[t];
+    if (v == 0) {
+      ++t;
+      continue;
+    }
+    if (v != runs.count + 1 || v > max_segments) throw_bad_segment_id(ids_src, src_row, t, v, runs, max_segments);
+    const index_t first = t;
+    std::int32_t lo = 0, hi = 0;
+    if constexpr (WithPositions) lo = hi = pos[t];
+    ++t;
+    if constexpr (Unit) {
+      // Whole blocks inside the run, branch-free so the compiler vectorizes
+      // them; a probe of the block's last token skips blocks where the run
+      // visibly ends (short segments), which are done token by token.
+      while (t + kScanBlock <= len && ids[t + kScanBlock - 1] == v) {
+        std::int32_t differs = 0, block_lo = lo, block_hi = hi;
+        for (index_t k = 0; k < kScanBlock; ++k) {
+          differs |= ids[t + k] ^ v;
+          if constexpr (WithPositions) {
+            block_lo = std::min(block_lo, pos[t + k]);
+            block_hi = std::max(block_hi, pos[t + k]);
+          }
+        }
+        if (differs != 0) break;
+        lo = block_lo;
+        hi = block_hi;
+        t += kScanBlock;
+      }
+    }
+    for (; t < len && ids[t] == v; ++t) {
+      if constexpr (WithPositions) {
+        lo = std::min(lo, pos[t]);
+        hi = std::max(hi, pos[t]);
+      }
+    }
+    const auto s = static_cast<std::size_t>(v);
+    runs.begin[s] = first;
+    runs.end[s] = t;
+    runs.min_pos[s] = lo;
+    runs.max_pos[s] = hi;
+    runs.count = v;
+  }
+}
+
+// The active tokens of a run: those whose position lies in [lo, hi]. Returns
+// (first, count); first = -1 when none.
+struct ActiveRange {
+  index_t first = -1;
+  index_t count = 0;
+};
+
+template <bool Unit>
+ActiveRange active_range(RowPtr<Unit> pos, const SegmentRuns& runs, int s, std::int64_t lo, std::int64_t hi,
+                         const RowSource& pos_src, index_t src_row, AttnMaskType mask) {
+  const auto si = static_cast<std::size_t>(s);
+  const index_t b = runs.begin[si], e = runs.end[si];
+  if (lo <= runs.min_pos[si] && runs.max_pos[si] <= hi) return {b, e - b};  // whole run attends
+  if (lo > runs.max_pos[si] || hi < runs.min_pos[si]) return {};            // nothing attends
+  // Trimming is usually a prefix or suffix: find the first and last active
+  // token by short scans, then count (vectorizable) in between.
+  // Past the early returns lo <= max_pos and hi >= min_pos, so both fit int32.
+  const auto lo32 = static_cast<std::int32_t>(std::max<std::int64_t>(lo, std::numeric_limits<std::int32_t>::min()));
+  const auto hi32 = static_cast<std::int32_t>(std::min<std::int64_t>(hi, std::numeric_limits<std::int32_t>::max()));
+  const auto active = [&](index_t t) { return pos[t] >= lo32 && pos[t] <= hi32; };
+  index_t first = b, last = e - 1;
+  while (first < e && !active(first)) ++first;
+  if (first == e) return {};
+  while (last > first && !active(last)) --last;
+  index_t count = 0;
+  for (index_t t = first; t <= last; ++t) count += active(t);
+  // The kernel sees a segment as one token range, so the attending tokens
+  // must be one: positions that are not monotone inside a segment could
+  // leave holes, which TE turns into misaligned offsets.
+  if (count != last - first + 1) {
+    throw_invalid(pos_src.where(src_row), ": under mask ", to_string(mask), " the tokens of segment ", s,
+                  " that attend anything are not contiguous (", count, " active tokens between tokens ", first, " and ",
+                  last, "); positions must be monotone within a segment");
+  }
+  return {first, count};
+}
+
+inline constexpr std::int64_t kNoLimitLow = std::numeric_limits<std::int64_t>::min();
+inline constexpr std::int64_t kNoLimitHigh = std::numeric_limits<std::int64_t>::max();
+
+// Reference (mask-defined) semantics of spec §2.6 for one row of q and kv:
+// a token is active iff some token of the other side with the same id is
+// allowed by the mask; seqlens count active tokens, offsets are the first
+// active token. Slot k describes segment id k+1 on both outputs.
+struct ThdRowOutput {
+  std::int32_t* q_seqlens;   // [M]
+  std::int32_t* kv_seqlens;  // [M]
+  std::int32_t* q_offsets;   // [M+1]
+  std::int32_t* kv_offsets;  // [M+1]
+};
+
+template <bool QUnit, bool KvUnit>
+void thd_row(RowPtr<QUnit> q_ids, RowPtr<QUnit> q_pos, RowPtr<KvUnit> kv_ids, RowPtr<KvUnit> kv_pos,
+             const RowSource (&src)[4], index_t out_row, AttnMaskType mask, int max_segments, bool self_attention,
+             SegmentRuns& q_runs, SegmentRuns& kv_runs, const ThdRowOutput& out) {
+  const index_t q_row = source_row(src[0], out_row), kv_row = source_row(src[1], out_row);
+  std::fill(out.q_seqlens, out.q_seqlens + max_segments, 0);
+  std::fill(out.kv_seqlens, out.kv_seqlens + max_segments, 0);
+  std::fill(out.q_offsets, out.q_offsets + max_segments + 1, -1);
+  std::fill(out.kv_offsets, out.kv_offsets + max_segments + 1, -1);
+  if (self_attention) {
+    scan_runs<false>(q_ids, q_pos, src[0].len, q_runs, src[0], q_row, max_segments);
+    // Identical q and kv: under every mask type each token attends at least
+    // itself, so every segment is active whole, positions do not matter and
+    // one scan of the ids suffices.
+    for (int s = 1; s <= q_runs.count; ++s) {
+      const auto si = static_cast<std::size_t>(s);
+      out.q_seqlens[s - 1] = out.kv_seqlens[s - 1] = static_cast<std::int32_t>(q_runs.run_length(s));
+      out.q_offsets[s - 1] = out.kv_offsets[s - 1] = static_cast<std::int32_t>(q_runs.begin[si]);
+    }
+    return;
+  }
+  scan_runs<true>(q_ids, q_pos, src[0].len, q_runs, src[0], q_row, max_segments);
+  scan_runs<true>(kv_ids, kv_pos, src[1].len, kv_runs, src[1], kv_row, max_segments);
+  const bool causal = is_causal(mask), bottom_right = is_bottom_right(mask);
+  const int shared = std::min(q_runs.count, kv_runs.count);  // segments present on both sides
+  for (int s = 1; s <= shared; ++s) {
+    const auto si = static_cast<std::size_t>(s);
+    // q token i attends iff pos_q[i] >= q_lo; kv token j is attended iff pos_kv[j] <= kv_hi.
+    std::int64_t q_lo = kNoLimitLow, kv_hi = kNoLimitHigh;
+    if (causal) {
+      // Top-left: pos_q >= pos_kv. Bottom-right: rl_q - pos_q <= rl_kv - pos_kv.
+      const std::int64_t shift = bottom_right ? q_runs.run_length(s) - kv_runs.run_length(s) : 0;
+      q_lo = shift + kv_runs.min_pos[si];
+      kv_hi = q_runs.max_pos[si] - shift;
+    }
+    const ActiveRange q = active_range(q_pos, q_runs, s, q_lo, kNoLimitHigh, src[2], source_row(src[2], out_row), mask);
+    const ActiveRange kv =
+        active_range(kv_pos, kv_runs, s, kNoLimitLow, kv_hi, src[3], source_row(src[3], out_row), mask);
+    out.q_seqlens[s - 1] = static_cast<std::int32_t>(q.count);
+    out.kv_seqlens[s - 1] = static_cast<std::int32_t>(kv.count);
+    out.q_offsets[s - 1] = static_cast<std::int32_t>(q.first);
+    out.kv_offsets[s - 1] = static_cast<std::int32_t>(kv.first);
+  }
+}
+
+// BSHD: one right-padded sequence per row. Returns the number of non-padding
+// tokens after checking they form the prefix [0, len) with a single id.
+template <bool Unit>
+std::int32_t bshd_row_length(RowPtr<Unit> ids, const RowSource& src, index_t src_row) {
+  index_t t = 0;
+  const std::int32_t id = src.len > 0 ? ids[0] : 0;
+  if (id < 0) throw_invalid(src.where(src_row), ", token 0: negative segment id ", id, " (0 is padding)");
+  // Both loops skip whole blocks branch-free (vectorizable) where they can.
+  const auto block_all = [&](index_t from, std::int32_t value) {
+    std::int32_t differs = 0;
+    for (index_t k = 0; k < kScanBlock; ++k) differs |= ids[from + k] ^ value;
+    return differs == 0;
+  };
+  if (id > 0) {
+    if constexpr (Unit) {
+      while (t + kScanBlock <= src.len && block_all(t, id)) t += kScanBlock;
+    }
+    while (t < src.len && ids[t] == id) ++t;
+  }
+  const index_t length = t;
+  if constexpr (Unit) {
+    while (t + kScanBlock <= src.len && block_all(t, 0)) t += kScanBlock;
+  }
+  for (; t < src.len; ++t) {
+    const std::int32_t v = ids[t];
+    if (v == 0) continue;
+    if (v < 0) throw_invalid(src.where(src_row), ", token ", t, ": negative segment id ", v, " (0 is padding)");
+    if (id != 0 && v != id) {
+      throw_invalid(src.where(src_row), ", token ", t, ": segment id ", v, " differs from the row's id ", id,
+                    "; a BSHD row holds one sequence (use SeqLayout::thd for packed segments)");
+    }
+    throw_invalid(src.where(src_row), ", token ", t, ": segment id ", v, " after padding at token ", length,
+                  "; BSHD rows must be right-padded (non-padding tokens first)");
+  }
+  return static_cast<std::int32_t>(length);
+}
+
+}  // namespace seqattn::detail

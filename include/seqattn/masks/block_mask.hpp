@@ -30,18 +30,6 @@
 
 namespace seqattn {
 
-// Per-sequence q and kv lengths of a (possibly ragged) batch.
-struct RaggedLengths {
-  std::vector<index_t> q;
-  std::vector<index_t> kv;
-
-  static RaggedLengths uniform(index_t batch, index_t q_len, index_t kv_len) {
-    return {std::vector<index_t>(static_cast<std::size_t>(batch), q_len),
-            std::vector<index_t>(static_cast<std::size_t>(batch), kv_len)};
-  }
-  index_t batch() const { return static_cast<index_t>(q.size()); }
-};
-
 struct BlockShape {
   index_t q = 128;
   index_t kv = 128;
@@ -115,6 +103,40 @@ class BlockMask {
     index_t n = 0;
     for (index_t b = 0; b < batch(); ++b) n += num_q_blocks(b) * num_kv_blocks(b);
     return n * heads_;
+  }
+
+  // Per-row counts, and the full kv-blocks expanded (Flex / FA4
+  // full_kv_num_blocks / full_kv_indices form).
+  index_t num_full_blocks(index_t b, index_t h, index_t qb) const {
+    index_t n = 0;
+    for (const BlockRange& r : full_ranges(b, h, qb)) n += r.end - r.begin;
+    return n;
+  }
+  index_t num_partial_blocks(index_t b, index_t h, index_t qb) const {
+    return static_cast<index_t>(partial_blocks(b, h, qb).size());
+  }
+  std::vector<std::int32_t> full_blocks(index_t b, index_t h, index_t qb) const {
+    std::vector<std::int32_t> out;
+    for (const BlockRange& r : full_ranges(b, h, qb)) {
+      for (std::int32_t kb = r.begin; kb < r.end; ++kb) out.push_back(kb);
+    }
+    return out;
+  }
+
+  // The same tiles seen from the key side, for a backward pass (dK/dV):
+  // the result is the BlockMask of the transposed mask, whose "q-blocks" are
+  // this mask's kv-blocks (lengths and block shape swapped) and whose tile
+  // bits are the transposed tiles, still deduplicated. Costs O(full tiles +
+  // partial tiles + rows) time and O(ranges + partial tiles) memory.
+  BlockMask transposed() const;
+
+  // Bytes of metadata held (O(rows + full ranges + partial tiles + distinct
+  // tile bits), never O(q_len x kv_len)).
+  std::size_t memory_bytes() const {
+    return q_block_base_.size() * sizeof(index_t) + full_offsets_.size() * sizeof(std::size_t) +
+           full_ranges_.size() * sizeof(BlockRange) + partial_offsets_.size() * sizeof(std::size_t) +
+           (partial_blocks_.size() + partial_tile_ids_.size()) * sizeof(std::int32_t) +
+           tile_bits_.size() * sizeof(std::uint64_t) + (lengths_.q.size() + lengths_.kv.size()) * sizeof(index_t);
   }
 
   // Low-level construction, used by the builders.
@@ -193,6 +215,17 @@ struct BlockMask::Builder {
     m.partial_tile_ids_.push_back(id);
   }
 
+  // Full kv-blocks [begin, end) in one step (no-op when empty).
+  void add_full_range(std::int32_t begin, std::int32_t end) {
+    if (end <= begin) return;
+    m.full_tiles_ += end - begin;
+    if (m.full_ranges_.size() > m.full_offsets_.back() && m.full_ranges_.back().end == begin) {
+      m.full_ranges_.back().end = end;
+    } else {
+      m.full_ranges_.push_back({begin, end});
+    }
+  }
+
   void end_row() {
     m.full_offsets_.push_back(m.full_ranges_.size());
     m.partial_offsets_.push_back(m.partial_blocks_.size());
@@ -201,7 +234,98 @@ struct BlockMask::Builder {
   BlockMask finish() { return std::move(m); }
 };
 
+inline BlockMask BlockMask::transposed() const {
+  Builder t(RaggedLengths{lengths_.kv, lengths_.q}, heads_, BlockShape{block_.kv, block_.q});
+  const bool bits = !partial_tile_ids_.empty();
+  if (bits) {
+    const index_t wpr = words_per_row();
+    const index_t twpr = t.m.words_per_row();
+    const index_t distinct = num_distinct_partial_tiles();
+    t.m.tile_bits_.assign(static_cast<std::size_t>(distinct * block_.kv * twpr), 0);
+    for (index_t id = 0; id < distinct; ++id) {
+      const std::uint64_t* src = tile_bits_.data() + id * block_.q * wpr;
+      std::uint64_t* dst = t.m.tile_bits_.data() + id * block_.kv * twpr;
+      for (index_t r = 0; r < block_.q; ++r) {
+        for (index_t c = 0; c < block_.kv; ++c) {
+          if ((src[r * wpr + c / 64] >> (c % 64)) & 1u) dst[c * twpr + r / 64] |= std::uint64_t{1} << (r % 64);
+        }
+      }
+    }
+  }
+  std::vector<std::vector<BlockRange>> full;
+  std::vector<std::vector<std::pair<std::int32_t, std::int32_t>>> partial;
+  for (index_t b = 0; b < batch(); ++b) {
+    for (index_t h = 0; h < heads_; ++h) {
+      const auto nkv = static_cast<std::size_t>(num_kv_blocks(b));
+      full.assign(nkv, {});
+      partial.assign(nkv, {});
+      for (index_t qb = 0; qb < num_q_blocks(b); ++qb) {
+        const auto q32 = static_cast<std::int32_t>(qb);
+        for (const BlockRange& r : full_ranges(b, h, qb)) {
+          for (std::int32_t kb = r.begin; kb < r.end; ++kb) {
+            auto& v = full[static_cast<std::size_t>(kb)];
+            if (!v.empty() && v.back().end == q32) {
+              ++v.back().end;
+            } else {
+              v.push_back({q32, q32 + 1});
+            }
+          }
+        }
+        const auto blocks = partial_blocks(b, h, qb);
+        const auto ids = partial_tile_ids(b, h, qb);
+        for (std::size_t i = 0; i < blocks.size(); ++i) {
+          partial[static_cast<std::size_t>(blocks[i])].push_back({q32, bits ? ids[i] : -1});
+        }
+      }
+      for (std::size_t kb = 0; kb < nkv; ++kb) {
+        for (const BlockRange& r : full[kb]) t.add_full_range(r.begin, r.end);
+        for (auto [qb, id] : partial[kb]) {
+          t.m.partial_blocks_.push_back(qb);
+          if (bits) t.m.partial_tile_ids_.push_back(id);
+        }
+        t.end_row();
+      }
+    }
+  }
+  return t.finish();
+}
+
 namespace detail {
+
+// Sets bits [begin, end) of a little-endian word array.
+inline void set_bit_range(std::uint64_t* words, index_t begin, index_t end) {
+  while (begin < end) {
+    const index_t w = begin / 64;
+    const index_t lo = begin % 64;
+    const index_t hi = std::min<index_t>(64, lo + (end - begin));
+    const std::uint64_t ones = hi - lo == 64 ? ~std::uint64_t{0} : ((std::uint64_t{1} << (hi - lo)) - 1) << lo;
+    words[w] |= ones;
+    begin += hi - lo;
+  }
+}
+
+// ORs row q's allowed keys in [kv_begin, kv_end) into `words` (bit c is key
+// kv_begin + c): one interval for interval masks, the description's own
+// row_bits when it has one, the element predicate otherwise.
+template <MaskDescription M>
+void fill_row_bits(const M& mask, const MaskContext& ctx, index_t q, index_t kv_begin, index_t kv_end,
+                   std::uint64_t* words) {
+  if constexpr (HasRowInterval<M>) {
+    const KvInterval iv = mask.row_interval(ctx, q);
+    const index_t b = std::max(iv.begin, kv_begin);
+    const index_t e = std::min(iv.end, kv_end);
+    if (b < e) set_bit_range(words, b - kv_begin, e - kv_begin);
+  } else if constexpr (HasRowBits<M>) {
+    mask.row_bits(ctx, q, kv_begin, kv_end, words);
+  } else {
+    for (index_t kv = kv_begin; kv < kv_end; ++kv) {
+      if (mask.allowed(ctx, q, kv)) {
+        const index_t c = kv - kv_begin;
+        words[c / 64] |= std::uint64_t{1} << (c % 64);
+      }
+    }
+  }
+}
 
 // Bit pattern of one tile from the element predicate.
 template <MaskDescription M>
@@ -209,49 +333,88 @@ void fill_tile_bits(const M& mask, const MaskContext& ctx, const Tile& tile, ind
                     std::vector<std::uint64_t>& bits, index_t block_q) {
   bits.assign(static_cast<std::size_t>(block_q * words_per_row), 0);
   for (index_t q = tile.q_begin; q < tile.q_end; ++q) {
-    std::uint64_t* row = bits.data() + (q - tile.q_begin) * words_per_row;
-    for (index_t kv = tile.kv_begin; kv < tile.kv_end; ++kv) {
-      if (mask.allowed(ctx, q, kv)) {
-        const index_t c = kv - tile.kv_begin;
-        row[c / 64] |= std::uint64_t{1} << (c % 64);
-      }
-    }
+    fill_row_bits(mask, ctx, q, tile.kv_begin, tile.kv_end, bits.data() + (q - tile.q_begin) * words_per_row);
   }
+}
+
+// Hides a description's optional hooks, leaving only allowed and classify:
+// the reference the hook-using builders are tested against.
+template <MaskDescription M>
+struct PlainMask {
+  static constexpr bool head_invariant = is_head_invariant<M>();
+  M mask;
+  bool allowed(const MaskContext& ctx, index_t q, index_t kv) const { return mask.allowed(ctx, q, kv); }
+  TileClass classify(const MaskContext& ctx, const Tile& t) const { return mask.classify(ctx, t); }
+  void check(const RaggedLengths& lengths, index_t heads) const { detail::check_mask(mask, lengths, heads); }
+};
+
+// Range of kv-blocks [begin, end) whose tiles lie inside keys [kv_begin, kv_end).
+inline std::pair<index_t, index_t> blocks_inside(index_t kv_begin, index_t kv_end, index_t block, index_t kv_len) {
+  const index_t first = (kv_begin + block - 1) / block;
+  index_t last = kv_end / block;  // blocks before `last` end at or before kv_end
+  if (kv_end >= kv_len) last = (kv_len + block - 1) / block;
+  return {first, std::max(first, last)};
 }
 
 }  // namespace detail
 
-// Builds the BlockMask of any description by classifying every tile
-// (O(#tiles) classify calls: O(1) each for structural masks) and, for partial
-// tiles, evaluating the predicate once to store deduplicated tile bits.
+// Builds the BlockMask of any description. Per (batch, head, q-block) row:
+// when the description offers kv_span, kv-blocks outside its `any` range are
+// never visited and those inside its `all` range are listed as one full range
+// without a look, so structural masks cost O(q-blocks + partial tiles);
+// otherwise every tile is classified (O(1) each for structural masks, a scan
+// for data-driven ones). Partial tiles get deduplicated tile bits, written a
+// word at a time for interval masks.
 template <MaskDescription M>
 BlockMask build_block_mask(const M& mask, RaggedLengths lengths, index_t heads, BlockShape block = {},
                            BlockMaskOptions options = {}) {
+  detail::require(block.q > 0 && block.kv > 0, "BlockMask: block sizes must be positive, got block_q=", block.q,
+                  ", block_kv=", block.kv);
+  detail::check_mask(mask, lengths, heads);
   const index_t stored_heads = is_head_invariant<M>() ? 1 : heads;
   BlockMask::Builder builder(std::move(lengths), stored_heads, block);
   const BlockMask& m = builder.m;
   std::vector<std::uint64_t> bits;
+  auto visit = [&](const MaskContext& ctx, index_t qb, index_t kb) {
+    const Tile tile = m.tile(ctx.batch, qb, kb);
+    switch (mask.classify(ctx, tile)) {
+      case TileClass::empty:
+        break;
+      case TileClass::full:
+        builder.add_full(static_cast<std::int32_t>(kb));
+        break;
+      case TileClass::partial:
+        if (options.store_tile_bits) {
+          detail::fill_tile_bits(mask, ctx, tile, m.words_per_row(), bits, block.q);
+          builder.add_partial(static_cast<std::int32_t>(kb), bits);
+        } else {
+          builder.add_partial(static_cast<std::int32_t>(kb), {});
+        }
+        break;
+    }
+  };
   for (index_t b = 0; b < m.batch(); ++b) {
     for (index_t h = 0; h < stored_heads; ++h) {
       const MaskContext ctx{b, h, m.q_len(b), m.kv_len(b)};
+      const index_t nkv = m.num_kv_blocks(b);
       for (index_t qb = 0; qb < m.num_q_blocks(b); ++qb) {
-        for (index_t kb = 0; kb < m.num_kv_blocks(b); ++kb) {
-          const Tile tile = m.tile(b, qb, kb);
-          switch (mask.classify(ctx, tile)) {
-            case TileClass::empty:
-              break;
-            case TileClass::full:
-              builder.add_full(static_cast<std::int32_t>(kb));
-              break;
-            case TileClass::partial:
-              if (options.store_tile_bits) {
-                detail::fill_tile_bits(mask, ctx, tile, m.words_per_row(), bits, block.q);
-                builder.add_partial(static_cast<std::int32_t>(kb), bits);
-              } else {
-                builder.add_partial(static_cast<std::int32_t>(kb), {});
-              }
-              break;
+        if constexpr (HasKvSpan<M>) {
+          const Tile row = m.tile(b, qb, 0);
+          const KvSpan span = mask.kv_span(ctx, row.q_begin, row.q_end);
+          index_t kb_begin = 0, kb_end = 0;
+          if (span.any_begin < span.any_end) {
+            kb_begin = std::clamp<index_t>(span.any_begin / block.kv, 0, nkv);
+            kb_end = std::clamp<index_t>((span.any_end + block.kv - 1) / block.kv, kb_begin, nkv);
           }
+          auto [full_begin, full_end] = detail::blocks_inside(span.all_begin, span.all_end, block.kv, ctx.kv_len);
+          if (span.all_begin >= span.all_end) full_begin = full_end = kb_end;
+          full_begin = std::clamp(full_begin, kb_begin, kb_end);
+          full_end = std::clamp(full_end, full_begin, kb_end);
+          for (index_t kb = kb_begin; kb < full_begin; ++kb) visit(ctx, qb, kb);
+          builder.add_full_range(static_cast<std::int32_t>(full_begin), static_cast<std::int32_t>(full_end));
+          for (index_t kb = full_end; kb < kb_end; ++kb) visit(ctx, qb, kb);
+        } else {
+          for (index_t kb = 0; kb < nkv; ++kb) visit(ctx, qb, kb);
         }
         builder.end_row();
       }

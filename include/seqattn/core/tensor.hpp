@@ -201,8 +201,8 @@ template <class T>
 class Tensor {
  public:
   Tensor() = default;
-  explicit Tensor(const Extents& shape, const T& fill = T{})
-      : shape_(shape), values_(static_cast<std::size_t>(shape.size()), fill) {}
+  explicit Tensor(const Extents& shape) : shape_(shape), values_(static_cast<std::size_t>(shape_.size())) {}
+  Tensor(const Extents& shape, const T& fill) : shape_(shape), values_(static_cast<std::size_t>(shape_.size()), fill) {}
   Tensor(const Extents& shape, std::vector<T> values) : shape_(shape), values_(std::move(values)) {
     detail::require(static_cast<index_t>(values_.size()) == shape_.size(), "Tensor: ", values_.size(),
                     " values do not fill shape ", shape_);

@@ -1,0 +1,282 @@
+// Flash-attention forward throughput, read against this machine's limits.
+//
+// FLOPs are counted as ggml does, 2 * (Dk + Dv) per (query head, query, key)
+// pair, but only over the pairs the mask allows (causal: about half the dense
+// count; documents and windows: their allowed pairs), i.e. the work that must
+// be done. Each benchmark reports GFLOP/s and its fraction of the fp32 FMA
+// peak measured in this binary for the same thread count; decode also reports
+// the K/V bytes streamed per second and their fraction of the measured
+// streaming-read bandwidth. `tiles` is the fraction of (q-tile, kv-tile)
+// pairs the engine visits (the rest are skipped as empty).
+#include "seqattn/attention.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <new>
+#include <random>
+#include <string>
+#include <sys/mman.h>
+#include <thread>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "seqattn/masks/structural.hpp"
+
+#include "support/bench_main.hpp"
+
+namespace {
+
+using namespace seqattn;
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+// fp32 FMA peak with 24 independent accumulator chains that start from
+// different values. (bench/support's measurement starts its ten chains from
+// identical values, so GCC 12 folds them into one latency-bound chain and
+// reports ten times that chain's rate; until it is fixed, fractions here use
+// this measurement and print both.)
+double fma_peak_one_thread(double seconds) {
+  const hn::ScalableTag<float> d;
+  auto a0 = hn::Set(d, 0.f), a1 = hn::Set(d, 1.f), a2 = hn::Set(d, 2.f), a3 = hn::Set(d, 3.f), a4 = hn::Set(d, 4.f),
+       a5 = hn::Set(d, 5.f), a6 = hn::Set(d, 6.f), a7 = hn::Set(d, 7.f), a8 = hn::Set(d, 8.f), a9 = hn::Set(d, 9.f),
+       a10 = hn::Set(d, 10.f), a11 = hn::Set(d, 11.f);
+  const auto x = hn::Set(d, 0.999999f), y = hn::Set(d, 1e-7f);
+  long iterations = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    for (int i = 0; i < (1 << 16); ++i) {
+      a0 = hn::MulAdd(a0, x, y);
+      a1 = hn::MulAdd(a1, x, y);
+      a2 = hn::MulAdd(a2, x, y);
+      a3 = hn::MulAdd(a3, x, y);
+      a4 = hn::MulAdd(a4, x, y);
+      a5 = hn::MulAdd(a5, x, y);
+      a6 = hn::MulAdd(a6, x, y);
+      a7 = hn::MulAdd(a7, x, y);
+      a8 = hn::MulAdd(a8, x, y);
+      a9 = hn::MulAdd(a9, x, y);
+      a10 = hn::MulAdd(a10, x, y);
+      a11 = hn::MulAdd(a11, x, y);
+    }
+    iterations += 1 << 16;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (elapsed < seconds);
+  volatile float sink = hn::GetLane(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11);
+  (void)sink;
+  return 2.0 * 12.0 * static_cast<double>(hn::Lanes(d)) * static_cast<double>(iterations) / elapsed * 1e-9;
+}
+
+struct Peaks {
+  double one = 0, all = 0;
+};
+
+const Peaks& fma_peaks() {
+  static const Peaks peaks = [] {
+    Peaks p;
+    p.one = fma_peak_one_thread(0.3);
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<double> r(static_cast<std::size_t>(threads));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&r, t] { r[static_cast<std::size_t>(t)] = fma_peak_one_thread(0.3); });
+    for (auto& th : pool) th.join();
+    for (double v : r) p.all += v;
+    std::fprintf(stderr, "fp32 FMA peak, 12 distinct chains: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n",
+                 p.one, p.all, threads);
+    return p;
+  }();
+  return peaks;
+}
+
+// Causal attention within documents: a query sees earlier keys of its own
+// document only. Classified in O(log documents) per tile.
+struct BenchDocumentMask {
+  static constexpr bool head_invariant = true;
+  std::vector<index_t> starts;  // first token of each document, ascending, starts[0] == 0
+
+  index_t doc(index_t pos) const {
+    return static_cast<index_t>(std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin()) - 1;
+  }
+  bool allowed(const MaskContext&, index_t q, index_t kv) const { return kv <= q && doc(q) == doc(kv); }
+  TileClass classify(const MaskContext&, const Tile& t) const {
+    if (t.rows() <= 0 || t.cols() <= 0 || t.kv_begin > t.q_end - 1) return TileClass::empty;
+    const index_t dq0 = doc(t.q_begin), dq1 = doc(t.q_end - 1), dk0 = doc(t.kv_begin), dk1 = doc(t.kv_end - 1);
+    if (dk0 > dq1 || dk1 < dq0) return TileClass::empty;
+    if (dq0 == dq1 && dk0 == dq0 && dk1 == dq0 && t.kv_end - 1 <= t.q_begin) return TileClass::full;
+    return TileClass::partial;
+  }
+};
+
+struct SlidingWindowCausal {
+  static constexpr bool head_invariant = true;
+  index_t window = 1024;  // keys q - window + 1 .. q
+  bool allowed(const MaskContext&, index_t q, index_t kv) const { return kv <= q && kv > q - window; }
+  TileClass classify(const MaskContext&, const Tile& t) const {
+    if (t.rows() <= 0 || t.cols() <= 0) return TileClass::empty;
+    if (t.kv_begin > t.q_end - 1 || t.kv_end - 1 <= t.q_begin - window) return TileClass::empty;
+    if (t.kv_end - 1 <= t.q_begin && t.kv_begin > t.q_end - 1 - window) return TileClass::full;
+    return TileClass::partial;
+  }
+};
+
+// Random values in memory backed by transparent huge pages where the kernel
+// allows it (THP "madvise" mode): a KV cache of many MiB is allocated that way
+// by inference runtimes, and 4 KiB pages would make decode TLB-bound.
+template <class T>
+class HugeBuffer {
+ public:
+  HugeBuffer(const Extents& shape, std::uint32_t seed) : shape_(shape) {
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    bytes_ = (static_cast<std::size_t>(shape.size()) * sizeof(T) + kHuge - 1) / kHuge * kHuge;
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    madvise(p, bytes_, MADV_HUGEPAGE);
+    data_ = static_cast<T*>(p);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (index_t i = 0; i < shape.size(); ++i) data_[i] = from_float<T>(dist(rng));
+  }
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+  ~HugeBuffer() { munmap(data_, bytes_); }
+  TensorView<const T> view() const { return TensorView<const T>(data_, shape_); }
+
+ private:
+  Extents shape_;
+  T* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+template <class T>
+Tensor<T> random_tensor(const Extents& shape, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Tensor<T> t(shape);
+  for (auto& x : t.values()) x = from_float<T>(dist(rng));
+  return t;
+}
+
+// Allowed (q, kv) pairs of one head of one sequence.
+template <class M>
+double allowed_pairs(const M& mask, index_t q_len, index_t kv_len) {
+  const MaskContext ctx{0, 0, q_len, kv_len};
+  double n = 0;
+  for (index_t q = 0; q < q_len; ++q) {
+    // Every mask here is an interval of keys per row: count by its ends.
+    index_t lo = 0;
+    while (lo < kv_len && !mask.allowed(ctx, q, lo)) ++lo;
+    index_t hi = lo;
+    while (hi < kv_len && mask.allowed(ctx, q, hi)) ++hi;
+    n += static_cast<double>(hi - lo);
+  }
+  return n;
+}
+
+// K and V stored [B, S, Hkv, D] (BSHD) or, with head_major, [B, Hkv, S, D]
+// (a KV cache with one contiguous run of tokens per head) seen as BSHD.
+template <class T, class M>
+void run_attention(benchmark::State& state, const M& mask, index_t batch, index_t q_len, index_t kv_len, index_t heads,
+                   index_t kv_heads, index_t d, int threads, bool head_major = false) {
+  const auto q = random_tensor<T>({batch, q_len, heads, d}, 1);
+  const Extents kv_shape = head_major ? Extents{batch, kv_heads, kv_len, d} : Extents{batch, kv_len, kv_heads, d};
+  const HugeBuffer<T> k(kv_shape, 2), v(kv_shape, 3);
+  Tensor<T> out({batch, q_len, heads, d});
+  Tensor<float> lse({batch, heads, q_len});
+  auto as_bshd = [&](const HugeBuffer<T>& t) {
+    const TensorView<const T> view = t.view();
+    if (!head_major) return view;
+    return TensorView<const T>(view.data(), {batch, kv_len, kv_heads, d},
+                               {view.stride(0), view.stride(2), view.stride(1), view.stride(3)});
+  };
+  const AttentionInputs<T> in{q.view(), as_bshd(k), as_bshd(v)};
+  const BlockMask bm = make_attention_block_mask(in, mask);
+  AttentionOptions options;
+  options.block_mask = &bm;
+  execution::ThreadPool pool(threads);
+  const Peaks& peaks = fma_peaks();
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    attention_forward(in, mask, out.view(), lse.view(), options, pool);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state.SetIterationTime(dt);
+    seconds += dt;
+  }
+  const double per_call = seconds / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  const double gflops =
+      2.0 * static_cast<double>(batch * heads * (d + d)) * allowed_pairs(mask, q_len, kv_len) * 1e-9 / per_call;
+  const auto& lim = bench::limits();
+  state.counters["GFLOPs"] = gflops;
+  state.counters["peak_frac"] = gflops / (threads == 1 ? peaks.one : peaks.all);
+  state.counters["support_peak_frac"] = gflops / (threads == 1 ? lim.fma_gflops_1t : lim.fma_gflops_all);
+  const double visited = static_cast<double>(bm.num_full_tiles() + bm.num_partial_tiles());
+  state.counters["tiles"] = visited / static_cast<double>(bm.num_tiles());
+  if (q_len <= 4) {  // decode: bandwidth-bound on streaming K and V once per KV head
+    const double gbps = static_cast<double>(batch * kv_len * kv_heads * 2 * d) * sizeof(T) * 1e-9 / per_call;
+    state.counters["GBps"] = gbps;
+    state.counters["bw_frac"] = gbps / (threads == 1 ? lim.read_gbps_1t : lim.read_gbps_all);
+  }
+  state.SetLabel(std::string(backends::Highway::target()) + (std::is_same_v<T, float> ? " f32" : " bf16"));
+}
+
+// Prefill, causal, d = 128, 8 heads; args: sequence length, threads.
+template <class T>
+void BM_PrefillCausal(benchmark::State& state) {
+  const index_t s = state.range(0);
+  run_attention<T>(state, CausalMask{}, 1, s, s, 8, 8, 128, static_cast<int>(state.range(1)));
+}
+BENCHMARK_TEMPLATE(BM_PrefillCausal, float)
+    ->ArgsProduct({{1024, 4096, 16384}, {1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+BENCHMARK_TEMPLATE(BM_PrefillCausal, bfloat16)->Args({4096, 2})->Unit(benchmark::kMillisecond)->UseManualTime();
+
+// 16 documents of unequal length packed into 8192 tokens; compare its time
+// with causal 8k (same tokens, no documents): the ratio should follow `tiles`.
+void BM_Documents8k(benchmark::State& state) {
+  // Lengths of the first 15 documents; the 16th takes the rest of the 8192 tokens.
+  const index_t lengths[15] = {300, 700, 512, 256, 1024, 128, 640, 384, 512, 896, 200, 440, 512, 600, 400};
+  BenchDocumentMask mask;
+  mask.starts.push_back(0);
+  for (index_t len : lengths) mask.starts.push_back(mask.starts.back() + len);
+  run_attention<float>(state, mask, 1, 8192, 8192, 8, 8, 128, static_cast<int>(state.range(0)));
+}
+BENCHMARK(BM_Documents8k)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
+
+void BM_Causal8k(benchmark::State& state) {
+  run_attention<float>(state, CausalMask{}, 1, 8192, 8192, 8, 8, 128, static_cast<int>(state.range(0)));
+}
+BENCHMARK(BM_Causal8k)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
+
+// Sliding window of 1024 keys over 16k tokens.
+void BM_SlidingWindow16k(benchmark::State& state) {
+  run_attention<float>(state, SlidingWindowCausal{1024}, 1, 16384, 16384, 8, 8, 128, static_cast<int>(state.range(0)));
+}
+BENCHMARK(BM_SlidingWindow16k)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
+
+// Decode: 1 query, 32k keys, 32 query heads over 4 KV heads (GQA 8), d = 128.
+template <class T>
+void BM_DecodeGqa8(benchmark::State& state) {
+  run_attention<T>(state, FullMask{}, 1, 1, 32768, 32, 4, 128, static_cast<int>(state.range(0)));
+}
+BENCHMARK_TEMPLATE(BM_DecodeGqa8, float)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
+
+// The same with a head-major KV cache ([B, Hkv, S, D] seen through strides).
+template <class T>
+void BM_DecodeGqa8HeadMajor(benchmark::State& state) {
+  run_attention<T>(state, FullMask{}, 1, 1, 32768, 32, 4, 128, static_cast<int>(state.range(0)), true);
+}
+BENCHMARK_TEMPLATE(BM_DecodeGqa8HeadMajor, float)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
+BENCHMARK_TEMPLATE(BM_DecodeGqa8, bfloat16)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
+
+}  // namespace
+
+SEQATTN_BENCHMARK_MAIN()

@@ -1,0 +1,415 @@
+// Highway SIMD tile kernel for the flash-attention engine.
+//
+// Included once per Highway target: normally once (static dispatch, the
+// target the including TU's flags select), or once per target from
+// src/dispatch.cc through foreach_target.h. Hence the toggle guard below and
+// the kernel living in seqattn::HWY_NAMESPACE.
+//
+// ============================================================================
+// FlashKernel: tile shape, register budget, memory traffic, and why
+// ============================================================================
+// Tile: kBlockQ = 128 query rows x kBlockKv = 64 keys (the BlockMask block
+// shape). Scores are computed transposed, St[key][row], with query ROWS ALONG
+// VECTOR LANES (gemma.cpp's "NF x 8" idea): Q is transposed once per task
+// into Qt[d][row] (pre-scaled) and every key element is broadcast against a
+// column of Qt. Consequences:
+//   - K is read in its natural [key][d] layout (no per-tile transpose); the
+//     engine only copies rows that are not contiguous, or widens bf16.
+//   - The online softmax is lane-wise: max, exp (hn::Exp), sum and the rescale
+//     factor are vertical ops over keys, with no horizontal reductions.
+//   - P.V broadcasts P[row][key] against V rows with lanes along the head
+//     dim: a second GEMM micro-kernel on V in its natural layout.
+//
+// QK^T register block: kQkRowVecs row-vectors x kQkKeys keys.
+//   AVX3 (32 zmm): 4 x 6 = 24 accumulators + 4 Qt loads + 1 broadcast;
+//     per d step 4 loads + 6 broadcasts for 24 FMAs.
+//   16-register targets: 2 x 4. Few rows (<= 8, GQA-stacked decode): one
+//     half-width vector x 8 keys, so no lanes idle.
+// P.V register block: kPvRows rows x kPvVecs head-dim vectors.
+//   AVX3: 6 x 4 = 24 accumulators; per key 4 V loads + 6 broadcasts for 24
+//     FMAs; the O block is loaded once per tile and rescaled by alpha then.
+//   16-register targets: 4 x 2.
+// Traffic per 128 x 64 tile, d = 128, fp32: K and V tiles 32 KiB each (read
+// once per q-tile, from L2/L3 in prefill), Qt 64 KiB and O 64 KiB (L2, the
+// task's lifetime), St 32 KiB. 4.2 MFLOP per 64 KiB of K/V: 64 FLOP/byte,
+// FMA-bound in prefill; decode (8 stacked rows) is 4 FLOP/byte, memory-bound.
+//
+// Measured on the build machine (2 vCPU AMD EPYC, family 25 model 17, AVX3,
+// one 512-bit FMA per cycle per core: 117 GFLOP/s per core, measured with 12
+// distinct FMA chains, thread CPU time), in-cache micro-benchmarks of one
+// tile, d = 128:
+//   QK^T 4 x 6 block:                 112 GFLOP/s (96% of peak)
+//   P.V  6 x 4: 110 | 8 x 3: 113 | 4 x 4: 90 | 4 x 6: 89 | 8 x 2: 61 |
+//        16 x 1: 51 GFLOP/s. Zen 4's zmm broadcasts cost an FP slot, so
+//        blocks need <= 1 broadcast per 4 FMAs; 6 x 4 also divides the common
+//        head dims 64/128/256 into whole 4-vector groups (8 x 3 does not).
+//   online softmax: 1.7 us per 64 x 64 tile (8% of the tile).
+//   8-row decode tile: QK^T zmm (8 of 16 lanes busy) 51 GFLOP/s useful,
+//        ymm 85 GFLOP/s; whole 8 x 64 tile 2.9 us.
+// Tile shape, causal prefill s = 4096, h = 8, 1 thread (CPU time; the VM was
+// shared, so +-5%): 64 x 64: 462-484 ms, 64 x 128: 473 ms, 128 x 128: 445 ms,
+// 128 x 64: 432-437 ms. Larger q-tiles halve K/V traffic per FLOP; 64-key
+// tiles keep causal/window diagonal waste and St small.
+// End to end with 128 x 64 (bench/attention.cpp, 2 threads, measured peak
+// 234.6 GFLOP/s): causal d = 128, h = 8, fp32: 150 / 165 / 166 GFLOP/s at
+// s = 1k / 4k / 16k, i.e. 64% / 70% / 71% of the FMA peak.
+//
+// Arrays of vectors are used for the accumulator blocks; they are fully
+// unrolled (HWY_UNROLL) with constant indices so GCC keeps them in registers
+// (without the pragma GCC 12 kept the 4-row-vector block in memory).
+// That rules out sizeless (SVE/RVV) targets.
+// ============================================================================
+
+// Non-SIMD includes: normal include guard.
+#ifndef SEQATTN_BACKENDS_HIGHWAY_INL_H_DEPS
+#define SEQATTN_BACKENDS_HIGHWAY_INL_H_DEPS
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/tensor.hpp"
+#endif
+
+#if defined(SEQATTN_BACKENDS_HIGHWAY_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SEQATTN_BACKENDS_HIGHWAY_INL_H_
+#undef SEQATTN_BACKENDS_HIGHWAY_INL_H_
+#else
+#define SEQATTN_BACKENDS_HIGHWAY_INL_H_
+#endif
+
+#include <hwy/highway.h>
+// clang-format off
+#include <hwy/contrib/math/math-inl.h>
+// clang-format on
+
+HWY_BEFORE_NAMESPACE();
+namespace seqattn::HWY_NAMESPACE {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+struct FlashKernel {
+  using D = hn::CappedTag<float, 16>;
+  using V = hn::Vec<D>;
+
+  static constexpr index_t kLanes = static_cast<index_t>(HWY_MIN(16, HWY_LANES(float)));
+  static constexpr index_t kBlockQ = 128;
+  static constexpr index_t kBlockKv = 64;
+  static constexpr index_t kRowAlign = HWY_MAX(kLanes, 4);
+#if HWY_TARGET <= HWY_AVX3 || HWY_ARCH_ARM
+  static constexpr int kQkRowVecs = 4;
+  static constexpr int kQkKeys = 6;
+  static constexpr int kNarrowKeys = 8;
+  static constexpr int kPvRows = 6;
+  static constexpr int kPvVecs = 4;
+#else
+  static constexpr int kQkRowVecs = 2;
+  static constexpr int kQkKeys = 4;
+  static constexpr int kNarrowKeys = 4;
+  static constexpr int kPvRows = 4;
+  static constexpr int kPvVecs = 2;
+#endif
+  static_assert(kBlockQ % kRowAlign == 0 && kPvRows <= 8);
+
+  static index_t padded_dim(index_t dv) { return (dv + kLanes - 1) / kLanes * kLanes; }
+
+  static void to_f32(const float* src, index_t n, float* dst) { std::copy_n(src, n, dst); }
+
+  // bf16 -> f32 is a 16-bit shift; done on integer lanes so it works on
+  // every target (SCALAR cannot Repartition f32 to bf16).
+  static void to_f32(const bfloat16* src, index_t n, float* dst) {
+    const D d;
+    const hn::Rebind<std::uint32_t, D> du32;
+    const hn::Rebind<std::uint16_t, D> du16;
+    const auto* bits = reinterpret_cast<const std::uint16_t*>(src);
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    index_t i = 0;
+    for (; i + N <= n; i += N) {
+      const auto wide = hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, bits + i)));
+      hn::StoreU(hn::BitCast(d, wide), d, dst + i);
+    }
+    for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+  }
+
+  // ---- St[j][r] = sum_d K[j][d] * Qt[d][r] ---------------------------------
+  // One register block: kVecs row-vectors x kKeys keys of accumulators.
+  template <class DT, int kVecs, int kKeys>
+  static HWY_INLINE void ScoresBlock(const float* HWY_RESTRICT qt, index_t dk, const float* const* krow, int keys,
+                                     float* HWY_RESTRICT st) {
+    const DT d;
+    using VT = hn::Vec<DT>;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    VT acc[kVecs][kKeys];
+    const float* kp[kKeys];
+    HWY_UNROLL(16)
+    for (int j = 0; j < kKeys; ++j) kp[j] = krow[j];
+    HWY_UNROLL(8)
+    for (int v = 0; v < kVecs; ++v) {
+      HWY_UNROLL(16)
+      for (int j = 0; j < kKeys; ++j) acc[v][j] = hn::Zero(d);
+    }
+    for (index_t dd = 0; dd < dk; ++dd) {
+      VT q[kVecs];
+      HWY_UNROLL(8)
+      for (int v = 0; v < kVecs; ++v) q[v] = hn::Load(d, qt + dd * kBlockQ + v * N);
+      HWY_UNROLL(16)
+      for (int j = 0; j < kKeys; ++j) {
+        const VT b = hn::Set(d, kp[j][dd]);
+        HWY_UNROLL(8)
+        for (int v = 0; v < kVecs; ++v) acc[v][j] = hn::MulAdd(q[v], b, acc[v][j]);
+      }
+    }
+    HWY_UNROLL(16)
+    for (int j = 0; j < keys; ++j) {
+      HWY_UNROLL(8)
+      for (int v = 0; v < kVecs; ++v) hn::Store(acc[v][j], d, st + j * kBlockQ + v * N);
+    }
+  }
+
+  template <class DT, int kMaxVecs, int kKeys>
+  static HWY_INLINE void ScoresWith(const float* HWY_RESTRICT qt, index_t rows_p, index_t dk,
+                                    const float* HWY_RESTRICT k, index_t k_stride, index_t cols,
+                                    float* HWY_RESTRICT st) {
+    const auto N = static_cast<index_t>(hn::Lanes(DT()));
+    const index_t row_vecs = (rows_p + N - 1) / N;
+    for (index_t v0 = 0; v0 < row_vecs; v0 += kMaxVecs) {
+      const index_t vecs = std::min<index_t>(kMaxVecs, row_vecs - v0);
+      for (index_t j0 = 0; j0 < cols; j0 += kKeys) {
+        const int keys = static_cast<int>(std::min<index_t>(kKeys, cols - j0));
+        // Short key groups repeat the last key; only `keys` results are stored.
+        const float* krow[kKeys];
+        for (int j = 0; j < kKeys; ++j) krow[j] = k + (j0 + std::min(j, keys - 1)) * k_stride;
+        const float* q = qt + v0 * N;
+        float* s = st + j0 * kBlockQ + v0 * N;
+        switch (vecs) {
+          case 1:
+            ScoresBlock<DT, 1, kKeys>(q, dk, krow, keys, s);
+            break;
+          case 2:
+            ScoresBlock<DT, HWY_MIN(2, kMaxVecs), kKeys>(q, dk, krow, keys, s);
+            break;
+          case 3:
+            ScoresBlock<DT, HWY_MIN(3, kMaxVecs), kKeys>(q, dk, krow, keys, s);
+            break;
+          default:
+            ScoresBlock<DT, kMaxVecs, kKeys>(q, dk, krow, keys, s);
+            break;
+        }
+      }
+    }
+  }
+
+  static void scores(const float* HWY_RESTRICT qt, index_t rows_p, index_t dk, const float* HWY_RESTRICT k,
+                     index_t k_stride, index_t cols, float* HWY_RESTRICT st) {
+    if constexpr (kLanes >= 16) {
+      // Few rows (decode with GQA stacking): half-width vectors waste no lanes
+      // and two of them issue per cycle where one full-width one does.
+      if (rows_p <= kLanes / 2) {
+        ScoresWith<hn::CappedTag<float, HWY_MAX(1, kLanes / 2)>, 1, kNarrowKeys>(qt, rows_p, dk, k, k_stride, cols, st);
+        return;
+      }
+    }
+    ScoresWith<D, kQkRowVecs, kQkKeys>(qt, rows_p, dk, k, k_stride, cols, st);
+  }
+
+  // Rows are padded to whole vectors; at most half a vector for few rows.
+  static index_t padded_rows(index_t rows) {
+    const index_t align = (kLanes >= 16 && rows <= kLanes / 2) ? kLanes / 2 : kRowAlign;
+    return (rows + align - 1) / align * align;
+  }
+
+  static void softcap(float* HWY_RESTRICT st, index_t cols, index_t rows_p, float cap) {
+    const hn::CappedTag<float, kRowAlign> d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    const auto vcap = hn::Set(d, cap);
+    for (index_t j = 0; j < cols; ++j) {
+      for (index_t r = 0; r < rows_p; r += N) {
+        float* p = st + j * kBlockQ + r;
+        const auto x = hn::Load(d, p);
+        if (r + N <= rows_p) {
+          hn::Store(hn::Mul(vcap, hn::Tanh(d, x)), d, p);
+        } else {
+          hn::BlendedStore(hn::Mul(vcap, hn::Tanh(d, x)), hn::FirstN(d, static_cast<std::size_t>(rows_p - r)), d, p);
+        }
+      }
+    }
+  }
+
+  // St[j][r] = -inf where bit r of key j's row bits is clear: one mask load
+  // per vector of rows (LoadMaskBits reads whole bytes, so only for lane
+  // counts that are multiples of 8; smaller vectors take the scalar loop).
+  static void apply_column_bits(float* HWY_RESTRICT st, index_t cols, index_t rows_p,
+                                const std::uint8_t* HWY_RESTRICT bits, index_t bytes_per_key) {
+    if constexpr (kLanes % 8 == 0) {
+      const D d;
+      const auto neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+      for (index_t j = 0; j < cols; ++j) {
+        const std::uint8_t* key = bits + j * bytes_per_key;
+        index_t r = 0;
+        for (; r + kLanes <= rows_p; r += kLanes) {
+          float* p = st + j * kBlockQ + r;
+          hn::Store(hn::IfThenElse(hn::LoadMaskBits(d, key + r / 8), hn::Load(d, p), neg_inf), d, p);
+        }
+        for (; r < rows_p; ++r) {
+          if (!((key[r / 8] >> (r % 8)) & 1u)) st[j * kBlockQ + r] = -std::numeric_limits<float>::infinity();
+        }
+      }
+    } else {
+      for (index_t j = 0; j < cols; ++j) {
+        const std::uint8_t* key = bits + j * bytes_per_key;
+        for (index_t r = 0; r < rows_p; ++r) {
+          if (!((key[r / 8] >> (r % 8)) & 1u)) st[j * kBlockQ + r] = -std::numeric_limits<float>::infinity();
+        }
+      }
+    }
+  }
+
+  // Lane-wise online softmax over the keys of the tile (see ScalarKernel).
+  template <class DT>
+  static HWY_INLINE void SoftmaxRows(float* HWY_RESTRICT st, index_t cols, index_t r, float* HWY_RESTRICT m,
+                                     float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
+    const DT d;
+    using VT = hn::Vec<DT>;
+    const VT neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    VT mx0 = neg_inf, mx1 = neg_inf;
+    index_t j = 0;
+    for (; j + 2 <= cols; j += 2) {
+      mx0 = hn::Max(mx0, hn::Load(d, st + j * kBlockQ + r));
+      mx1 = hn::Max(mx1, hn::Load(d, st + (j + 1) * kBlockQ + r));
+    }
+    if (j < cols) mx0 = hn::Max(mx0, hn::Load(d, st + j * kBlockQ + r));
+    const VT m_old = hn::Load(d, m + r);
+    const VT m_new = hn::Max(m_old, hn::Max(mx0, mx1));
+    const VT ref = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
+    const VT a = hn::Exp(d, hn::Sub(m_old, ref));
+    VT sum0 = hn::Zero(d), sum1 = hn::Zero(d);
+    for (j = 0; j + 2 <= cols; j += 2) {
+      float* p0 = st + j * kBlockQ + r;
+      float* p1 = p0 + kBlockQ;
+      const VT e0 = hn::Exp(d, hn::Sub(hn::Load(d, p0), ref));
+      const VT e1 = hn::Exp(d, hn::Sub(hn::Load(d, p1), ref));
+      hn::Store(e0, d, p0);
+      hn::Store(e1, d, p1);
+      sum0 = hn::Add(sum0, e0);
+      sum1 = hn::Add(sum1, e1);
+    }
+    if (j < cols) {
+      float* p0 = st + j * kBlockQ + r;
+      const VT e0 = hn::Exp(d, hn::Sub(hn::Load(d, p0), ref));
+      hn::Store(e0, d, p0);
+      sum0 = hn::Add(sum0, e0);
+    }
+    hn::Store(hn::MulAdd(hn::Load(d, l + r), a, hn::Add(sum0, sum1)), d, l + r);
+    hn::Store(m_new, d, m + r);
+    hn::Store(a, d, alpha + r);
+  }
+
+  static void online_softmax(float* HWY_RESTRICT st, index_t cols, index_t rows_p, float* HWY_RESTRICT m,
+                             float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
+    if constexpr (kLanes >= 16) {
+      if (rows_p <= kLanes / 2) {
+        SoftmaxRows<hn::CappedTag<float, HWY_MAX(1, kLanes / 2)>>(st, cols, 0, m, l, alpha);
+        return;
+      }
+    }
+    for (index_t r = 0; r < rows_p; r += kLanes) SoftmaxRows<D>(st, cols, r, m, l, alpha);
+  }
+
+  // ---- O[r][e] = alpha[r] * O[r][e] + sum_j Pt[j][r] * V[j][e] --------------
+  template <int kRows, int kVecs>
+  static HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt, index_t cols, const float* HWY_RESTRICT v,
+                                 index_t v_stride, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
+                                 index_t dvp) {
+    const D d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    V acc[kRows][kVecs];
+    HWY_UNROLL(8)
+    for (int r = 0; r < kRows; ++r) {
+      const V a = hn::Set(d, alpha[r]);
+      HWY_UNROLL(8)
+      for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::Mul(a, hn::Load(d, o + r * dvp + e * N));
+    }
+    for (index_t j = 0; j < cols; ++j) {
+      V vv[kVecs];
+      HWY_UNROLL(8)
+      for (int e = 0; e < kVecs; ++e) vv[e] = hn::LoadU(d, v + j * v_stride + e * N);
+      const float* p = pt + j * kBlockQ;
+      HWY_UNROLL(8)
+      for (int r = 0; r < kRows; ++r) {
+        const V pr = hn::Set(d, p[r]);
+        HWY_UNROLL(8)
+        for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::MulAdd(pr, vv[e], acc[r][e]);
+      }
+    }
+    HWY_UNROLL(8)
+    for (int r = 0; r < kRows; ++r) {
+      HWY_UNROLL(8)
+      for (int e = 0; e < kVecs; ++e) hn::Store(acc[r][e], d, o + r * dvp + e * N);
+    }
+  }
+
+  template <int kRows>
+  static HWY_INLINE void PvRows(const float* HWY_RESTRICT pt, index_t cols, const float* HWY_RESTRICT v,
+                                index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+    const D d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    const index_t vecs = dvp / N;
+    for (index_t e0 = 0; e0 < vecs; e0 += kPvVecs) {
+      const float* vp = v + e0 * N;
+      float* op = o + e0 * N;
+      switch (std::min<index_t>(kPvVecs, vecs - e0)) {
+        case 1:
+          PvBlock<kRows, 1>(pt, cols, vp, v_stride, alpha, op, dvp);
+          break;
+        case 2:
+          PvBlock<kRows, HWY_MIN(2, kPvVecs)>(pt, cols, vp, v_stride, alpha, op, dvp);
+          break;
+        case 3:
+          PvBlock<kRows, HWY_MIN(3, kPvVecs)>(pt, cols, vp, v_stride, alpha, op, dvp);
+          break;
+        default:
+          PvBlock<kRows, kPvVecs>(pt, cols, vp, v_stride, alpha, op, dvp);
+          break;
+      }
+    }
+  }
+
+  static void accumulate_pv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
+                            index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+    index_t r0 = 0;
+    for (; r0 + kPvRows <= rows; r0 += kPvRows) {
+      PvRows<kPvRows>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
+    }
+    switch (rows - r0) {
+      case 0:
+        break;
+      case 1:
+        PvRows<1>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
+        break;
+      case 2:
+        PvRows<HWY_MIN(2, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
+        break;
+      case 3:
+        PvRows<HWY_MIN(3, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
+        break;
+      case 4:
+        PvRows<HWY_MIN(4, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
+        break;
+      case 5:
+        PvRows<HWY_MIN(5, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
+        break;
+      case 6:
+        PvRows<HWY_MIN(6, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
+        break;
+      default:
+        PvRows<HWY_MIN(7, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
+        break;
+    }
+  }
+};
+
+}  // namespace seqattn::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // toggle guard

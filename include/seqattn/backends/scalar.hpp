@@ -1,0 +1,107 @@
+// The portable tiled backend: the engine's tile contract in plain C++.
+//
+// It tiles exactly like the SIMD backend (same block shape, same transposed
+// layouts), so it exercises every engine path on any compiler and target;
+// its loops run unit-stride on the innermost index so compilers may
+// auto-vectorize them. It is also the specification of the Kernel contract
+// that backends/highway-inl.h implements with explicit vectors.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "seqattn/attention/detail/tiled.hpp"
+#include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/tensor.hpp"
+
+namespace seqattn::backends {
+
+struct ScalarKernel {
+  static constexpr index_t kBlockQ = 64;   // query rows per tile
+  static constexpr index_t kBlockKv = 64;  // keys per tile
+
+  // Rows the kernels compute (rows_p >= rows, padding queries are zero).
+  static index_t padded_rows(index_t rows) { return rows; }
+  // Width of the O accumulator rows for head dim dv (V rows are padded to it).
+  static index_t padded_dim(index_t dv) { return dv; }
+
+  template <class T>
+  static void to_f32(const T* src, index_t n, float* dst) {
+    for (index_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+  }
+
+  // St[j][r] = sum_d K[j][d] * Qt[d][r] for j < cols, r < rows_p.
+  static void scores(const float* qt, index_t rows_p, index_t dk, const float* k, index_t k_stride, index_t cols,
+                     float* st) {
+    for (index_t j = 0; j < cols; ++j) {
+      float* s = st + j * kBlockQ;
+      std::fill_n(s, rows_p, 0.0f);
+      for (index_t d = 0; d < dk; ++d) {
+        const float kd = k[j * k_stride + d];
+        const float* q = qt + d * kBlockQ;
+        for (index_t r = 0; r < rows_p; ++r) s[r] += kd * q[r];
+      }
+    }
+  }
+
+  static void softcap(float* st, index_t cols, index_t rows_p, float cap) {
+    for (index_t j = 0; j < cols; ++j) {
+      for (index_t r = 0; r < rows_p; ++r) st[j * kBlockQ + r] = cap * std::tanh(st[j * kBlockQ + r]);
+    }
+  }
+
+  // One online-softmax step per row r < rows_p: m = max(m, max_j St), the
+  // scores become exp(St - m), l = l * alpha + sum_j exp(St - m) with
+  // alpha = exp(m_old - m). A row that has seen only -inf keeps m = -inf and
+  // uses 0 as its reference so no -inf - -inf arises.
+  static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
+    for (index_t r = 0; r < rows_p; ++r) {
+      float mx = detail::kNegInf;
+      for (index_t j = 0; j < cols; ++j) mx = std::max(mx, st[j * kBlockQ + r]);
+      const float m_new = std::max(m[r], mx);
+      const float ref = m_new == detail::kNegInf ? 0.0f : m_new;
+      alpha[r] = std::exp(m[r] - ref);
+      float sum = 0.0f;
+      for (index_t j = 0; j < cols; ++j) {
+        const float e = std::exp(st[j * kBlockQ + r] - ref);
+        st[j * kBlockQ + r] = e;
+        sum += e;
+      }
+      l[r] = l[r] * alpha[r] + sum;
+      m[r] = m_new;
+    }
+  }
+
+  // St[j][r] = -inf where bit r of key j's row bits is clear.
+  static void apply_column_bits(float* st, index_t cols, index_t rows_p, const std::uint8_t* bits,
+                                index_t bytes_per_key) {
+    for (index_t j = 0; j < cols; ++j) {
+      const std::uint8_t* key = bits + j * bytes_per_key;
+      for (index_t r = 0; r < rows_p; ++r) {
+        if (!((key[r / 8] >> (r % 8)) & 1u)) st[j * kBlockQ + r] = detail::kNegInf;
+      }
+    }
+  }
+
+  // O[r][e] = alpha[r] * O[r][e] + sum_j Pt[j][r] * V[j][e] for r < rows, e < dvp.
+  static void accumulate_pv(const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride, index_t dvp,
+                            const float* alpha, float* o) {
+    for (index_t r = 0; r < rows; ++r) {
+      float* out = o + r * dvp;
+      for (index_t e = 0; e < dvp; ++e) out[e] *= alpha[r];
+      for (index_t j = 0; j < cols; ++j) {
+        const float pj = pt[j * kBlockQ + r];
+        const float* vj = v + j * v_stride;
+        for (index_t e = 0; e < dvp; ++e) out[e] += pj * vj[e];
+      }
+    }
+  }
+};
+
+// Policy type: the portable tiled backend.
+struct Scalar {
+  using Kernel = ScalarKernel;
+};
+
+}  // namespace seqattn::backends

@@ -326,4 +326,9 @@ DocumentMask<Inner> document_mask(const DocumentLayout& layout, Inner inner = {}
   return {layout.view(), inner};
 }
 
+// The mask views the layout, so the layout must outlive it: a temporary
+// layout (e.g. document_mask(document_layout(descriptor))) would dangle.
+template <MaskDescription Inner = FullMask>
+DocumentMask<Inner> document_mask(DocumentLayout&& layout, Inner inner = {}) = delete;
+
 }  // namespace seqattn

@@ -217,5 +217,7 @@ struct MultiItemMask {
 };
 
 inline MultiItemMask multi_item_mask(const MultiItemLayout& layout) { return {layout.view()}; }
+// The mask views the layout: a temporary layout would dangle.
+MultiItemMask multi_item_mask(MultiItemLayout&&) = delete;
 
 }  // namespace seqattn

@@ -151,6 +151,8 @@ struct TopKMask {
 };
 
 inline TopKMask topk_mask(const TopKLayout& layout) { return {layout.view()}; }
+// The mask views the layout: a temporary layout would dangle.
+TopKMask topk_mask(TopKLayout&&) = delete;
 
 // Indices of the k largest scores along the last axis, as jax.lax.top_k:
 // values descending, equal values lower index first. scores (..., s) ->

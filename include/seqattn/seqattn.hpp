@@ -10,3 +10,5 @@
 #include "seqattn/core/simd.hpp"
 #include "seqattn/descriptors.hpp"
 #include "seqattn/masks.hpp"
+#include "seqattn/attention.hpp"
+#include "seqattn/scenarios.hpp"

@@ -6,9 +6,9 @@
 //   -> attention (tiled online softmax on a chosen backend).
 #pragma once
 
+#include "seqattn/attention.hpp"
 #include "seqattn/core.hpp"
 #include "seqattn/core/simd.hpp"
 #include "seqattn/descriptors.hpp"
 #include "seqattn/masks.hpp"
-#include "seqattn/attention.hpp"
 #include "seqattn/scenarios.hpp"

@@ -4,14 +4,13 @@
 // pair, but only over the pairs the mask allows (causal: about half the dense
 // count; documents and windows: their allowed pairs), i.e. the work that must
 // be done. Each benchmark reports GFLOP/s and its fraction of the fp32 FMA
-// peak measured in this binary for the same thread count; decode also reports
+// peak measured in this binary (bench/support) for the same thread count; decode also reports
 // the K/V bytes streamed per second and their fraction of the measured
 // streaming-read bandwidth. `tiles` is the fraction of (q-tile, kv-tile)
 // pairs the engine visits (the rest are skipped as empty).
 #include "seqattn/attention.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,110 +19,17 @@
 #include <random>
 #include <string>
 #include <sys/mman.h>
-#include <thread>
 #include <vector>
 
 #include <benchmark/benchmark.h>
 
-#include "seqattn/masks/structural.hpp"
+#include "seqattn/masks.hpp"
 
 #include "support/bench_main.hpp"
 
 namespace {
 
 using namespace seqattn;
-
-namespace hn = hwy::HWY_NAMESPACE;
-
-// fp32 FMA peak with 24 independent accumulator chains that start from
-// different values. (bench/support's measurement starts its ten chains from
-// identical values, so GCC 12 folds them into one latency-bound chain and
-// reports ten times that chain's rate; until it is fixed, fractions here use
-// this measurement and print both.)
-double fma_peak_one_thread(double seconds) {
-  const hn::ScalableTag<float> d;
-  auto a0 = hn::Set(d, 0.f), a1 = hn::Set(d, 1.f), a2 = hn::Set(d, 2.f), a3 = hn::Set(d, 3.f), a4 = hn::Set(d, 4.f),
-       a5 = hn::Set(d, 5.f), a6 = hn::Set(d, 6.f), a7 = hn::Set(d, 7.f), a8 = hn::Set(d, 8.f), a9 = hn::Set(d, 9.f),
-       a10 = hn::Set(d, 10.f), a11 = hn::Set(d, 11.f);
-  const auto x = hn::Set(d, 0.999999f), y = hn::Set(d, 1e-7f);
-  long iterations = 0;
-  const auto start = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  do {
-    for (int i = 0; i < (1 << 16); ++i) {
-      a0 = hn::MulAdd(a0, x, y);
-      a1 = hn::MulAdd(a1, x, y);
-      a2 = hn::MulAdd(a2, x, y);
-      a3 = hn::MulAdd(a3, x, y);
-      a4 = hn::MulAdd(a4, x, y);
-      a5 = hn::MulAdd(a5, x, y);
-      a6 = hn::MulAdd(a6, x, y);
-      a7 = hn::MulAdd(a7, x, y);
-      a8 = hn::MulAdd(a8, x, y);
-      a9 = hn::MulAdd(a9, x, y);
-      a10 = hn::MulAdd(a10, x, y);
-      a11 = hn::MulAdd(a11, x, y);
-    }
-    iterations += 1 << 16;
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  } while (elapsed < seconds);
-  volatile float sink = hn::GetLane(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11);
-  (void)sink;
-  return 2.0 * 12.0 * static_cast<double>(hn::Lanes(d)) * static_cast<double>(iterations) / elapsed * 1e-9;
-}
-
-struct Peaks {
-  double one = 0, all = 0;
-};
-
-const Peaks& fma_peaks() {
-  static const Peaks peaks = [] {
-    Peaks p;
-    p.one = fma_peak_one_thread(0.3);
-    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    std::vector<double> r(static_cast<std::size_t>(threads));
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&r, t] { r[static_cast<std::size_t>(t)] = fma_peak_one_thread(0.3); });
-    for (auto& th : pool) th.join();
-    for (double v : r) p.all += v;
-    std::fprintf(stderr, "fp32 FMA peak, 12 distinct chains: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n",
-                 p.one, p.all, threads);
-    return p;
-  }();
-  return peaks;
-}
-
-// Causal attention within documents: a query sees earlier keys of its own
-// document only. Classified in O(log documents) per tile.
-struct BenchDocumentMask {
-  static constexpr bool head_invariant = true;
-  std::vector<index_t> starts;  // first token of each document, ascending, starts[0] == 0
-
-  index_t doc(index_t pos) const {
-    return static_cast<index_t>(std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin()) - 1;
-  }
-  bool allowed(const MaskContext&, index_t q, index_t kv) const { return kv <= q && doc(q) == doc(kv); }
-  TileClass classify(const MaskContext&, const Tile& t) const {
-    if (t.rows() <= 0 || t.cols() <= 0 || t.kv_begin > t.q_end - 1) return TileClass::empty;
-    const index_t dq0 = doc(t.q_begin), dq1 = doc(t.q_end - 1), dk0 = doc(t.kv_begin), dk1 = doc(t.kv_end - 1);
-    if (dk0 > dq1 || dk1 < dq0) return TileClass::empty;
-    if (dq0 == dq1 && dk0 == dq0 && dk1 == dq0 && t.kv_end - 1 <= t.q_begin) return TileClass::full;
-    return TileClass::partial;
-  }
-};
-
-struct SlidingWindowCausal {
-  static constexpr bool head_invariant = true;
-  index_t window = 1024;  // keys q - window + 1 .. q
-  bool allowed(const MaskContext&, index_t q, index_t kv) const { return kv <= q && kv > q - window; }
-  TileClass classify(const MaskContext&, const Tile& t) const {
-    if (t.rows() <= 0 || t.cols() <= 0) return TileClass::empty;
-    if (t.kv_begin > t.q_end - 1 || t.kv_end - 1 <= t.q_begin - window) return TileClass::empty;
-    if (t.kv_end - 1 <= t.q_begin && t.kv_begin > t.q_end - 1 - window) return TileClass::full;
-    return TileClass::partial;
-  }
-};
 
 // Random values in memory backed by transparent huge pages where the kernel
 // allows it (THP "madvise" mode): a KV cache of many MiB is allocated that way
@@ -199,7 +105,6 @@ void run_attention(benchmark::State& state, const M& mask, index_t batch, index_
   AttentionOptions options;
   options.block_mask = &bm;
   execution::ThreadPool pool(threads);
-  const Peaks& peaks = fma_peaks();
   double seconds = 0;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
@@ -215,8 +120,7 @@ void run_attention(benchmark::State& state, const M& mask, index_t batch, index_
       2.0 * static_cast<double>(batch * heads * (d + d)) * allowed_pairs(mask, q_len, kv_len) * 1e-9 / per_call;
   const auto& lim = bench::limits();
   state.counters["GFLOPs"] = gflops;
-  state.counters["peak_frac"] = gflops / (threads == 1 ? peaks.one : peaks.all);
-  state.counters["support_peak_frac"] = gflops / (threads == 1 ? lim.fma_gflops_1t : lim.fma_gflops_all);
+  state.counters["peak_frac"] = gflops / (threads == 1 ? lim.fma_gflops_1t : lim.fma_gflops_all);
   const double visited = static_cast<double>(bm.num_full_tiles() + bm.num_partial_tiles());
   state.counters["tiles"] = visited / static_cast<double>(bm.num_tiles());
   if (q_len <= 4) {  // decode: bandwidth-bound on streaming K and V once per KV head
@@ -244,10 +148,12 @@ BENCHMARK_TEMPLATE(BM_PrefillCausal, bfloat16)->Args({4096, 2})->Unit(benchmark:
 void BM_Documents8k(benchmark::State& state) {
   // Lengths of the first 15 documents; the 16th takes the rest of the 8192 tokens.
   const index_t lengths[15] = {300, 700, 512, 256, 1024, 128, 640, 384, 512, 896, 200, 440, 512, 600, 400};
-  BenchDocumentMask mask;
-  mask.starts.push_back(0);
-  for (index_t len : lengths) mask.starts.push_back(mask.starts.back() + len);
-  run_attention<float>(state, mask, 1, 8192, 8192, 8, 8, 128, static_cast<int>(state.range(0)));
+  std::vector<std::int32_t> ids;
+  for (std::int32_t doc = 0; doc < 15; ++doc) ids.insert(ids.end(), static_cast<std::size_t>(lengths[doc]), doc + 1);
+  ids.resize(8192, 16);
+  const DocumentLayout layout = DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), {1, 8192}));
+  run_attention<float>(state, document_mask(layout, CausalMask{}), 1, 8192, 8192, 8, 8, 128,
+                       static_cast<int>(state.range(0)));
 }
 BENCHMARK(BM_Documents8k)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
 
@@ -258,7 +164,7 @@ BENCHMARK(BM_Causal8k)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
 
 // Sliding window of 1024 keys over 16k tokens.
 void BM_SlidingWindow16k(benchmark::State& state) {
-  run_attention<float>(state, SlidingWindowCausal{1024}, 1, 16384, 16384, 8, 8, 128, static_cast<int>(state.range(0)));
+  run_attention<float>(state, SlidingWindowMask{1023, 0}, 1, 16384, 16384, 8, 8, 128, static_cast<int>(state.range(0)));
 }
 BENCHMARK(BM_SlidingWindow16k)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
 

@@ -10,24 +10,12 @@
 
 #include "seqattn/scenarios.hpp"
 
+#include "support/timing.hpp"
+
 using namespace seqattn;
 using namespace seqattn::scenarios;
+using seqattn::examples::best_ms;
 using namespace seqattn::scenarios::dsa;
-
-namespace {
-
-template <class F>
-double best_ms(int reps, F&& f) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
-}  // namespace
 
 int main() {
   // 1. The spec's small vectors.

@@ -12,22 +12,14 @@
 #include "seqattn/masks.hpp"
 #include "seqattn/scenarios.hpp"
 
+#include "support/timing.hpp"
+
 using namespace seqattn;
 using namespace seqattn::scenarios;
+using seqattn::examples::best_ms;
 using namespace seqattn::scenarios::multi_item;
 
 namespace {
-
-template <class F>
-double best_ms(int reps, F&& f) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
 
 std::vector<std::vector<token_t>> make_items(SplitMix64& rng, index_t n, index_t max_len, token_t delimiter) {
   std::vector<std::vector<token_t>> items(static_cast<std::size_t>(n));

@@ -16,25 +16,14 @@
 #include "seqattn/scenarios.hpp"
 #include "seqattn/seqattn.hpp"
 
+#include "support/timing.hpp"
+
 using namespace seqattn;
 using namespace seqattn::scenarios;
+using seqattn::examples::best_ms;
+using seqattn::examples::time_ms;
 
 namespace {
-
-template <class F>
-double time_ms(F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Best of `reps` runs: the machine may be shared.
-template <class F>
-double best_ms(int reps, F&& f) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) best = std::min(best, time_ms(f));
-  return best;
-}
 
 void section(int n, const char* title) { std::printf("\n== %d. %s ==\n\n", n, title); }
 

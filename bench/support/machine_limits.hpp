@@ -41,7 +41,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // chain starts from a different value: chains that start equal compute equal
 // values, and GCC merges them into one latency-bound chain (which made an
 // earlier version of this function report 2.5x the real peak).
-inline double fma_gflops_one_thread(double seconds) {
+// Never inlined: inlined into a thread lambda, GCC 12 spilled the accumulators
+// to the stack and the two-thread figure fell below the one-thread one.
+HWY_NOINLINE inline double fma_gflops_one_thread(double seconds) {
   const hn::ScalableTag<float> d;
   auto a0 = hn::Set(d, 0.10f), a1 = hn::Set(d, 0.11f), a2 = hn::Set(d, 0.12f), a3 = hn::Set(d, 0.13f);
   auto a4 = hn::Set(d, 0.14f), a5 = hn::Set(d, 0.15f), a6 = hn::Set(d, 0.16f), a7 = hn::Set(d, 0.17f);
@@ -76,7 +78,7 @@ inline double fma_gflops_one_thread(double seconds) {
   return 2.0 * kChains * static_cast<double>(hn::Lanes(d)) * static_cast<double>(iterations) / elapsed * 1e-9;
 }
 
-inline double read_gbps_one_thread(const float* data, std::size_t n, double seconds) {
+HWY_NOINLINE inline double read_gbps_one_thread(const float* data, std::size_t n, double seconds) {
   const hn::ScalableTag<float> d;
   const std::size_t lanes = hn::Lanes(d);
   auto s0 = hn::Zero(d), s1 = s0, s2 = s0, s3 = s0;
@@ -98,7 +100,7 @@ inline double read_gbps_one_thread(const float* data, std::size_t n, double seco
   return static_cast<double>(bytes) / elapsed * 1e-9;
 }
 
-inline double memcpy_gbps_one_thread(char* dst, const char* src, std::size_t n, double seconds) {
+HWY_NOINLINE inline double memcpy_gbps_one_thread(char* dst, const char* src, std::size_t n, double seconds) {
   std::size_t bytes = 0;
   const auto start = std::chrono::steady_clock::now();
   double elapsed = 0;

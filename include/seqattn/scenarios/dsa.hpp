@@ -66,7 +66,7 @@ inline Tensor<std::uint8_t> zeros_u8(index_t rows, index_t cols) {
 // dimension c, 2 key loads feed 4 FMAs. 8 dot accumulators (two sets for
 // even/odd c) + 4 totals + 4 key vectors = 16 registers: all of AVX2's, half
 // of AVX-512's. kt is streamed once per row pair (d x n floats, L2-resident up
-// to n of several thousand). Measured on Zen 5 (AVX-512), bench/scenarios.cpp.
+// to n of several thousand). Measured on Zen 4 (EPYC, AVX-512), bench/scenarios.cpp.
 inline namespace SEQATTN_ABI_NAMESPACE {
 inline index_t index_chunk_width() {
   namespace hn = hwy::HWY_NAMESPACE;

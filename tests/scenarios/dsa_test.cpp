@@ -61,7 +61,7 @@ TEST_CASE("TV-B3: an underestimated threshold keeps the first k by index") {
   CHECK(selected_set(threshold_select_exact_k(row, 0.5f, 3)) == std::set<std::int32_t>{0, 1, 2});
 }
 
-TEST_CASE("TV-B4: causal interplay; short rows bypass, nothing forces a sink") {
+TEST_CASE("TV-B4: causal interplay, short rows bypass, nothing forces a sink") {
   Tensor<float> scores(Extents{4, 4}, kNotAllowed);
   for (index_t i = 0; i < 4; ++i) {
     for (index_t j = 0; j <= i; ++j) scores(i, j) = static_cast<float>(j + 1);
@@ -114,7 +114,7 @@ TEST_CASE("Index scores match a double-precision brute force") {
   }
 }
 
-TEST_CASE("Top-k with many ties equals sorting by (score desc, index asc); scatter == broadcast == exact-k") {
+TEST_CASE("Top-k with many ties equals sorting by (score desc, index asc), and scatter == broadcast == exact-k") {
   SplitMix64 rng(GENERATE(1, 2, 3, 4));
   const index_t t = 1 + rng.below(20), s = 1 + rng.below(60), k = 1 + rng.below(16);
   Tensor<float> scores(Extents{t, s});

@@ -75,7 +75,7 @@ TEST_CASE("TV-A1: canonical layout, positions, segment starts and mask") {
   }
 }
 
-TEST_CASE("TV-A2: empty item; its score row is the first delimiter, not the neighbour's") {
+TEST_CASE("TV-A2: empty item, scored at the first delimiter rather than the neighbour's row") {
   const std::vector<token_t> query{10};
   const std::vector<std::vector<token_t>> items{{21}, {}, {31, 32}};
   const PackedRequest r = pack(query, items, opts());
@@ -294,7 +294,7 @@ TEST_CASE("Automatic mode switches on the padded token count") {
   CHECK_THROWS_WITH(score_items(model, query, items, labels, o), Contains("padded token count 16"));
 }
 
-TEST_CASE("No item sees another: editing one item moves no other score; empty items ignore their neighbour") {
+TEST_CASE("No item sees another: editing one item moves no other score, and empty items ignore their neighbour") {
   const TinyModel model;
   const token_t d = 63;
   const std::vector<token_t> labels{3, 30, 33};

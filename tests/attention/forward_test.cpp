@@ -30,19 +30,7 @@ void check_bshd(const Shape& s, const M& mask, AttentionOptions options, int wor
   const AttentionInputs<T> in{q.view(), k.view(), v.view()};
   const Extents out_shape = detail::make_extents({s.batch, s.q_len, s.heads, s.dv});
   const Extents lse_shape = detail::make_extents({s.batch, s.heads, s.q_len});
-  Tensor<T> out(out_shape, from_float<T>(7.0f)), want = out;
-  Tensor<float> lse(lse_shape, 7.0f), want_lse = lse;
-  attention_forward<backends::Reference>(in, mask, want.view(), want_lse.view(), options);
-  execution::ThreadPool pool(workers);
-  attention_forward<Backend>(in, mask, out.view(), lse.view(), options, pool);
-  const ErrorStats err = compare(out, want);
-  if constexpr (std::is_same_v<T, float>) {
-    CHECK(err.relative() <= 1e-5);
-    check_lse(lse, want_lse, 1e-5);
-  } else {
-    CHECK(err.nmse() <= 5e-4);
-    check_lse(lse, want_lse, 1e-2);
-  }
+  check_against_reference<Backend>(in, mask, options, workers, out_shape, lse_shape);
 }
 
 template <class Backend, class M>

@@ -48,19 +48,9 @@ void check_thd(const Packed& seg, index_t heads, index_t kv_heads, index_t dk, i
   const auto v = random_tensor<T>(detail::make_extents({seg.kv_tokens, kv_heads, dv}), rng);
   const SegmentTable table = seg.table();
   const AttentionInputs<T> in{q.view(), k.view(), v.view(), &table};
-  Tensor<T> out(detail::make_extents({seg.q_tokens, heads, dv}), from_float<T>(7.0f)), want = out;
-  Tensor<float> lse(detail::make_extents({heads, seg.q_tokens}), 7.0f), want_lse = lse;
-  attention_forward<backends::Reference>(in, mask, want.view(), want_lse.view(), options);
-  execution::ThreadPool pool(workers);
-  attention_forward<Backend>(in, mask, out.view(), lse.view(), options, pool);
-  const ErrorStats err = compare(out, want);
-  if constexpr (std::is_same_v<T, float>) {
-    CHECK(err.relative() <= 1e-5);
-    check_lse(lse, want_lse, 1e-5);
-  } else {
-    CHECK(err.nmse() <= 5e-4);
-    check_lse(lse, want_lse, 1e-2);
-  }
+  const auto [out, lse] =
+      check_against_reference<Backend>(in, mask, options, workers, detail::make_extents({seg.q_tokens, heads, dv}),
+                                       detail::make_extents({heads, seg.q_tokens}));
   // Padding tokens between segments are left alone.
   std::vector<bool> covered(static_cast<std::size_t>(seg.q_tokens), false);
   for (std::size_t i = 0; i < seg.q_lens.size(); ++i) {

@@ -2,9 +2,11 @@
 // the running CPU is chosen at the first call.
 #include "seqattn/dispatch.hpp"
 
-#include "seqattn/attention/detail/block_mask_predicate.hpp"
+#include <memory>
+
 #include "seqattn/attention/detail/problem.hpp"
-#include "seqattn/attention/detail/tiled.hpp"
+#include "seqattn/attention/plan.hpp"
+#include "seqattn/backends/cpu_tiled.hpp"
 #include "seqattn/backends/execution.hpp"
 
 #undef HWY_TARGET_INCLUDE
@@ -20,18 +22,28 @@ namespace HWY_NAMESPACE {
 
 const char* TargetNameOfThisBody() { return hwy::TargetName(HWY_TARGET); }
 
+// The Highway backend of this target.
+struct DispatchedHighway : backends::CpuTiled<FlashKernel> {
+  static const char* name() { return "Highway (dispatched)"; }
+};
+
 template <class T>
 void ForwardWithBlockMask(const AttentionInputs<T>& inputs, const BlockMask& mask, TensorView<T> out,
                           TensorView<float> lse, const AttentionOptions& options, execution::ThreadPool* pool) {
-  const detail::AttentionProblem<T> problem = detail::make_attention_problem(inputs, out, lse, options);
-  detail::require_matching_block_mask(mask, problem, {FlashKernel::kBlockQ, FlashKernel::kBlockKv});
-  detail::require(mask.has_tile_bits(), "dispatch::attention_forward: the BlockMask must be built with tile bits");
-  const detail::BlockMaskPredicate predicate{&mask};
+  detail::require(mask.has_tile_bits() || mask.has_predicate(),
+                  "dispatch::attention_forward: the BlockMask must have tile bits or an element predicate");
+  const AttentionShape shape = shape_of(inputs);
+  const int workers = pool ? pool->workers() : 1;
+  const std::shared_ptr<const BlockMask> borrowed(std::shared_ptr<void>{}, &mask);
+  const auto plan = plan_attention<DispatchedHighway>(shape, borrowed, PlanOptions{options.kv_splits}, workers);
+  const variants::Standard variant{options.scale, {options.softcap}, {options.sinks}};
+  detail::check_variant(variant, shape);
+  const detail::AttentionProblem<T> problem = detail::make_attention_problem(inputs, shape, out, lse);
   if (pool) {
-    detail::run_tiled_attention<FlashKernel>(problem, predicate, mask, *pool);
+    DispatchedHighway::forward(plan, problem, variant, *pool);
   } else {
     execution::Serial serial;
-    detail::run_tiled_attention<FlashKernel>(problem, predicate, mask, serial);
+    DispatchedHighway::forward(plan, problem, variant, serial);
   }
 }
 

@@ -1,34 +1,46 @@
 // Attention: tiled online-softmax ("flash") forward pass on a chosen backend.
 //
-//   seqattn::attention_forward<Backend>(inputs, mask, out, lse, options, exec)
+// Plan once, run many times:
 //
-// computes softmax(mask(softcap(scale * q k^T)) [+ sink]) v and the
+//   auto plan = seqattn::plan_attention<Backend>(seqattn::shape_of(inputs), mask, {}, pool.workers());
+//   seqattn::attention_forward(plan, inputs, out, lse, variant, pool);
+//
+// computes softmax(mask(variant(scale * q k^T)) [+ sink]) v and the
 // log-sum-exp of every (batch, head, query) row, for BSHD or packed THD
 // inputs (AttentionInputs), any MaskDescription, GQA/MQA, fp32 or bf16
-// storage (fp32 accumulation). See attention/options.hpp for the shapes.
+// storage (fp32 accumulation). See attention/inputs.hpp for the shapes,
+// attention/plan.hpp for plans and the backend seam, attention/variants.hpp
+// for score variants (scale, softcap, sinks, ALiBi, bias, score_mod).
 //
-// Backends are policy types:
+// Or in one call, planning each time:
+//
+//   seqattn::attention_forward<Backend>(inputs, mask, out, lse, options, exec);
+//
+// Backends are policy types (AttentionBackend):
 //   backends::Highway    SIMD kernel for this TU's static Highway target (default)
 //   backends::Scalar     the same tiling in portable C++
 //   backends::Reference  materialized scores, exact softmax: the test oracle
 // Execution policies: execution::Serial (default), execution::ThreadPool,
 // execution::OpenMP (with -fopenmp). Work is split over batch x head x q-tile;
 // with few such tasks (decode) each row of tiles is also split over KV chunks
-// whose partial results are merged by their LSE.
+// whose partial results are merged by their LSE (SoftmaxState).
 //
 // The mask is consumed through its BlockMask at the backend's tile shape
-// (attention_block_shape<Backend>()): empty tiles are skipped, full tiles run
-// without mask work, partial tiles are masked from the stored tile bits (or
-// the element predicate when the BlockMask has none). Pass options.block_mask
-// to reuse one BlockMask across calls.
+// (Backend::block_shape()): empty tiles are skipped, full tiles run without
+// mask work, partial tiles are masked from the stored tile bits (or the
+// element predicate the BlockMask carries when it has no bits).
 #pragma once
 
+#include <memory>
 #include <type_traits>
 #include <utility>
 
 #include "seqattn/attention/detail/problem.hpp"
-#include "seqattn/attention/detail/tiled.hpp"
+#include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
+#include "seqattn/attention/plan.hpp"
+#include "seqattn/attention/softmax_state.hpp"
+#include "seqattn/attention/variants.hpp"
 #include "seqattn/backends/execution.hpp"
 #include "seqattn/backends/highway.hpp"
 #include "seqattn/backends/reference.hpp"
@@ -38,60 +50,45 @@
 
 namespace seqattn {
 
-template <class Backend>
-concept TiledBackend = requires {
-  typename Backend::Kernel;
-  { Backend::Kernel::kBlockQ } -> std::convertible_to<index_t>;
-  { Backend::Kernel::kBlockKv } -> std::convertible_to<index_t>;
-};
-
-template <class Backend>
-concept AttentionBackend = TiledBackend<Backend> || requires {
-  Backend::kMaterializesScores;
-};
-
-// The tile shape a BlockMask must have to be passed as options.block_mask.
-template <TiledBackend Backend>
-constexpr BlockShape attention_block_shape() {
-  return {Backend::Kernel::kBlockQ, Backend::Kernel::kBlockKv};
+// Runs a plan on inputs of the shape it was made for.
+template <class Backend, class T, ScoreVariant V, ExecutionPolicy Exec>
+void attention_forward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
+                       std::type_identity_t<TensorView<T>> out, TensorView<float> lse, const V& variant, Exec&& exec) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bfloat16>, "storage must be float or seqattn::bfloat16");
+  const AttentionShape shape = shape_of(inputs);
+  plan.require_shape(shape, "attention_forward");
+  detail::check_variant(variant, shape);
+  const detail::AttentionProblem<T> problem = detail::make_attention_problem(inputs, shape, out, lse);
+  Backend::forward(plan, problem, variant, exec);
 }
 
-// The BlockMask `attention_forward<Backend>` builds for these inputs; build it
-// once and pass it as options.block_mask to reuse it (e.g. across layers).
-template <TiledBackend Backend = backends::Highway, class T, MaskDescription M>
-BlockMask make_attention_block_mask(const AttentionInputs<T>& in, const M& mask,
-                                    BlockMaskOptions options = BlockMaskOptions{}) {
-  const index_t tokens_axis = in.segments ? 0 : 1;
-  RaggedLengths lengths;
-  if (in.segments) {
-    for (index_t i = 0; i < in.segments->size(); ++i) {
-      lengths.q.push_back(in.segments->q_lens[static_cast<std::size_t>(i)]);
-      lengths.kv.push_back(in.segments->kv_lens[static_cast<std::size_t>(i)]);
-    }
-  } else {
-    detail::require(in.q.rank() == 4 && in.k.rank() == 4, "make_attention_block_mask: q and k must have rank 4 (BSHD)",
-                    ", got q ", in.q.shape(), " and k ", in.k.shape());
-    lengths = RaggedLengths::uniform(in.q.extent(0), in.q.extent(tokens_axis), in.k.extent(tokens_axis));
-  }
-  return build_block_mask(mask, std::move(lengths), in.q.extent(-2), attention_block_shape<Backend>(), options);
+template <class Backend, class T, ExecutionPolicy Exec>
+void attention_forward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
+                       std::type_identity_t<TensorView<T>> out, TensorView<float> lse, Exec&& exec) {
+  attention_forward(plan, inputs, out, lse, variants::Default{}, exec);
 }
 
-template <AttentionBackend Backend = backends::Highway, class T, MaskDescription M, class Exec = execution::Serial>
+template <class Backend, class T, ScoreVariant V = variants::Default>
+void attention_forward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
+                       std::type_identity_t<TensorView<T>> out, TensorView<float> lse, const V& variant = {}) {
+  attention_forward(plan, inputs, out, lse, variant, execution::Serial{});
+}
+
+// One call: plans (or takes options.block_mask) and runs with the variant
+// options describe (variants::Standard: scale, softcap, sinks).
+template <AttentionBackend Backend = backends::Highway, class T, MaskDescription M, ExecutionPolicy Exec>
 void attention_forward(const AttentionInputs<T>& inputs, const M& mask, std::type_identity_t<TensorView<T>> out,
                        TensorView<float> lse, const AttentionOptions& options, Exec&& exec) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bfloat16>, "storage must be float or seqattn::bfloat16");
-  const detail::AttentionProblem<T> problem = detail::make_attention_problem(inputs, out, lse, options);
-  if constexpr (TiledBackend<Backend>) {
-    constexpr BlockShape block = attention_block_shape<Backend>();
-    if (options.block_mask) {
-      detail::require_matching_block_mask(*options.block_mask, problem, block);
-      detail::run_tiled_attention<typename Backend::Kernel>(problem, mask, *options.block_mask, exec);
-    } else {
-      const BlockMask bm = build_block_mask(mask, problem.lengths(), problem.heads, block);
-      detail::run_tiled_attention<typename Backend::Kernel>(problem, mask, bm, exec);
-    }
+  const AttentionShape shape = shape_of(inputs);
+  const PlanOptions plan_options{options.kv_splits};
+  const int workers = std::max(1, static_cast<int>(exec.workers()));
+  const variants::Standard variant{options.scale, {options.softcap}, {options.sinks}};
+  if (options.block_mask) {
+    // Borrowed for the call: the caller keeps it alive.
+    const std::shared_ptr<const BlockMask> borrowed(std::shared_ptr<void>{}, options.block_mask);
+    attention_forward(plan_attention<Backend>(shape, borrowed, plan_options, workers), inputs, out, lse, variant, exec);
   } else {
-    detail::run_reference_attention(problem, mask, exec);
+    attention_forward(plan_attention<Backend>(shape, mask, plan_options, workers), inputs, out, lse, variant, exec);
   }
 }
 
@@ -99,6 +96,21 @@ template <AttentionBackend Backend = backends::Highway, class T, MaskDescription
 void attention_forward(const AttentionInputs<T>& inputs, const M& mask, std::type_identity_t<TensorView<T>> out,
                        TensorView<float> lse, const AttentionOptions& options = {}) {
   attention_forward<Backend>(inputs, mask, out, lse, options, execution::Serial{});
+}
+
+// The BlockMask the one-call attention_forward<Backend> builds for these
+// inputs; build it once and pass it as options.block_mask to reuse it (or,
+// better, reuse an AttentionPlan).
+template <AttentionBackend Backend = backends::Highway, class T, MaskDescription M>
+BlockMask make_attention_block_mask(const AttentionInputs<T>& in, const M& mask,
+                                    BlockMaskOptions options = BlockMaskOptions{}) {
+  const AttentionShape shape = shape_of(in);
+  return build_block_mask(mask, shape.lengths, shape.heads, Backend::block_shape(), options);
+}
+
+template <AttentionBackend Backend>
+constexpr BlockShape attention_block_shape() {
+  return Backend::block_shape();
 }
 
 }  // namespace seqattn

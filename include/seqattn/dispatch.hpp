@@ -4,6 +4,7 @@
 // the running CPU supports, so one binary runs fast on any x86-64 machine.
 #pragma once
 
+#include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
 #include "seqattn/backends/execution.hpp"
 #include "seqattn/core/bfloat16.hpp"

@@ -43,9 +43,20 @@ TEST_CASE("dispatch: runtime-selected kernels match the reference", "[attention]
   dispatch::attention_forward_bf16(in_bf16, bm, out_bf16.view(), lse.view(), options, &pool);
   CHECK(compare(out_bf16, want_bf16).nmse() <= 5e-4);
 
-  const BlockMask no_bits = build_block_mask(mask, RaggedLengths::uniform(2, 90, 140), 8,
-                                             dispatch::attention_block_shape(), BlockMaskOptions{false});
+  // Without tile bits the BlockMask's carried predicate masks the partial tiles.
+  BlockMask no_bits = build_block_mask(mask, RaggedLengths::uniform(2, 90, 140), 8, dispatch::attention_block_shape(),
+                                       BlockMaskOptions{false});
+  REQUIRE(no_bits.has_predicate());
+  REQUIRE_FALSE(no_bits.has_tile_bits());
+  Tensor<float> out_no_bits(out.shape(), 7.0f);
+  attention_forward<backends::Reference>(in, mask, want.view(), want_lse.view(), options);
+  dispatch::attention_forward_f32(in, no_bits, out_no_bits.view(), lse.view(), options);
+  CHECK(compare(out_no_bits, want).relative() <= 1e-5);
+  check_lse(lse, want_lse, 1e-5);
+
+  // With neither, partial tiles cannot be masked: refused before any work.
+  no_bits.set_predicate({});
   CHECK_THROWS_WITH(dispatch::attention_forward_f32(in, no_bits, out.view(), lse.view()),
-                    Catch::Matchers::Contains("must be built with tile bits"));
+                    Catch::Matchers::Contains("must have tile bits or an element predicate"));
 }
 #endif  // SEQATTN_TEST_DISPATCH

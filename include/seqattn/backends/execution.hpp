@@ -1,6 +1,6 @@
 // Execution policies: how the attention engine spreads its tasks over threads.
 //
-// A policy is any type with
+// A policy is any type that satisfies ExecutionPolicy:
 //   int workers() const;                          // how many workers may run at once
 //   template <class F> void parallel_for(index_t n, F&& f);  // f(task, worker) for every task
 // where `worker` is in [0, workers()) and no two concurrent calls of f share a
@@ -17,12 +17,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <concepts>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <mutex>
 #include <stop_token>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,6 +34,22 @@
 
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/tensor.hpp"
+
+namespace seqattn {
+namespace detail {
+// Stands for any task an engine hands to parallel_for.
+struct TaskArchetype {
+  void operator()(index_t, int) const {}
+};
+}  // namespace detail
+
+template <class E>
+concept ExecutionPolicy = requires(std::remove_reference_t<E>& e, index_t n, detail::TaskArchetype f) {
+  { e.workers() } -> std::convertible_to<int>;
+  e.parallel_for(n, f);
+};
+
+}  // namespace seqattn
 
 namespace seqattn::execution {
 

@@ -7,6 +7,7 @@
 
 #include <hwy/highway.h>
 
+#include "seqattn/backends/cpu_tiled.hpp"
 #include "seqattn/backends/highway-inl.h"
 
 namespace seqattn::backends {
@@ -15,8 +16,8 @@ namespace seqattn::backends {
 inline namespace HWY_CONCAT(abi_, HWY_NAMESPACE) {
 
   // Policy type: the Highway SIMD backend for this TU's static target.
-  struct Highway {
-    using Kernel = ::seqattn::HWY_NAMESPACE::FlashKernel;
+  struct Highway : CpuTiled<::seqattn::HWY_NAMESPACE::FlashKernel> {
+    static const char* name() { return "Highway"; }
     static const char* target() { return hwy::TargetName(HWY_STATIC_TARGET); }
   };
 

@@ -3,21 +3,24 @@
 // It tiles exactly like the SIMD backend (same block shape, same transposed
 // layouts), so it exercises every engine path on any compiler and target;
 // its loops run unit-stride on the innermost index so compilers may
-// auto-vectorize them. It is also the specification of the Kernel contract
-// that backends/highway-inl.h implements with explicit vectors.
+// auto-vectorize them. It is also the specification of the TileKernel
+// contract (backends/tile_kernel.hpp) that backends/highway-inl.h implements
+// with explicit vectors.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
-#include "seqattn/attention/detail/tiled.hpp"
+#include "seqattn/backends/cpu_tiled.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/tensor.hpp"
 
 namespace seqattn::backends {
 
 struct ScalarKernel {
+  static constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   static constexpr index_t kBlockQ = 64;   // query rows per tile
   static constexpr index_t kBlockKv = 64;  // keys per tile
 
@@ -57,10 +60,10 @@ struct ScalarKernel {
   // uses 0 as its reference so no -inf - -inf arises.
   static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
     for (index_t r = 0; r < rows_p; ++r) {
-      float mx = detail::kNegInf;
+      float mx = kNegInf;
       for (index_t j = 0; j < cols; ++j) mx = std::max(mx, st[j * kBlockQ + r]);
       const float m_new = std::max(m[r], mx);
-      const float ref = m_new == detail::kNegInf ? 0.0f : m_new;
+      const float ref = m_new == kNegInf ? 0.0f : m_new;
       alpha[r] = std::exp(m[r] - ref);
       float sum = 0.0f;
       for (index_t j = 0; j < cols; ++j) {
@@ -79,7 +82,7 @@ struct ScalarKernel {
     for (index_t j = 0; j < cols; ++j) {
       const std::uint8_t* key = bits + j * bytes_per_key;
       for (index_t r = 0; r < rows_p; ++r) {
-        if (!((key[r / 8] >> (r % 8)) & 1u)) st[j * kBlockQ + r] = detail::kNegInf;
+        if (!((key[r / 8] >> (r % 8)) & 1u)) st[j * kBlockQ + r] = kNegInf;
       }
     }
   }
@@ -100,8 +103,8 @@ struct ScalarKernel {
 };
 
 // Policy type: the portable tiled backend.
-struct Scalar {
-  using Kernel = ScalarKernel;
+struct Scalar : CpuTiled<ScalarKernel> {
+  static const char* name() { return "Scalar"; }
 };
 
 }  // namespace seqattn::backends

@@ -16,12 +16,20 @@
 // has one full range and one or two partial tiles per row, not O(#tiles).
 // Tile bits are little-endian within 64-bit words (bit c of word w of row r
 // is kv column w*64 + c of tile row r), words_per_row = ceil(block_kv / 64).
+//
+// Like PyTorch flex's BlockMask, a BlockMask built from a description carries
+// that description's element predicate (a copy of the description, which is a
+// small value or a view: whatever data the description refers to must outlive
+// the BlockMask). Kernels use it for partial tiles without stored bits, and the
+// reference backend answers every element from it.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "seqattn/core/error.hpp"
@@ -130,6 +138,19 @@ class BlockMask {
   // partial tiles + rows) time and O(ranges + partial tiles) memory.
   BlockMask transposed() const;
 
+  // The element predicate of the description this BlockMask was built from;
+  // empty for a BlockMask assembled by hand.
+  using Predicate = std::function<bool(const MaskContext&, index_t, index_t)>;
+  bool has_predicate() const { return static_cast<bool>(predicate_); }
+  const Predicate& predicate() const { return predicate_; }
+  void set_predicate(Predicate predicate) { predicate_ = std::move(predicate); }
+
+  // May query q of sequence ctx.batch, head ctx.head attend to key kv
+  // (sequence-local indices)? From the carried predicate when there is one,
+  // else from the tiles: full -> yes, empty -> no, partial -> the stored bits.
+  // Throws for a partial tile with neither bits nor a predicate.
+  bool allowed(const MaskContext& ctx, index_t q, index_t kv) const;
+
   // Bytes of metadata held (O(rows + full ranges + partial tiles + distinct
   // tile bits), never O(q_len x kv_len)).
   std::size_t memory_bytes() const {
@@ -161,7 +182,25 @@ class BlockMask {
   std::vector<std::int32_t> partial_tile_ids_;
   std::vector<std::uint64_t> tile_bits_;
   index_t full_tiles_ = 0;
+  Predicate predicate_;
 };
+
+inline bool BlockMask::allowed(const MaskContext& ctx, index_t q, index_t kv) const {
+  if (predicate_) return predicate_(ctx, q, kv);
+  const index_t qb = q / block_.q, kb = kv / block_.kv;
+  for (const BlockRange r : full_ranges(ctx.batch, ctx.head, qb)) {
+    if (kb >= r.begin && kb < r.end) return true;
+  }
+  const auto partial = partial_blocks(ctx.batch, ctx.head, qb);
+  const auto it = std::find(partial.begin(), partial.end(), static_cast<std::int32_t>(kb));
+  if (it == partial.end()) return false;
+  const auto ids = partial_tile_ids(ctx.batch, ctx.head, qb);
+  detail::require(!ids.empty(), "BlockMask::allowed: tile (q-block ", qb, ", kv-block ", kb, ") of sequence ",
+                  ctx.batch, " is partial, and the BlockMask has neither tile bits nor an element predicate");
+  const auto bits = tile_bits(ids[static_cast<std::size_t>(it - partial.begin())]);
+  const index_t row = q - qb * block_.q, col = kv - kb * block_.kv;
+  return (bits[static_cast<std::size_t>(row * words_per_row() + col / 64)] >> (col % 64)) & 1u;
+}
 
 // Appends rows in (batch, head, q-block) order.
 struct BlockMask::Builder {
@@ -286,6 +325,11 @@ inline BlockMask BlockMask::transposed() const {
         t.end_row();
       }
     }
+  }
+  if (predicate_) {
+    t.m.predicate_ = [p = predicate_](const MaskContext& ctx, index_t q, index_t kv) {
+      return p(MaskContext{ctx.batch, ctx.head, ctx.kv_len, ctx.q_len}, kv, q);
+    };
   }
   return t.finish();
 }
@@ -420,6 +464,7 @@ BlockMask build_block_mask(const M& mask, RaggedLengths lengths, index_t heads, 
       }
     }
   }
+  builder.m.set_predicate([mask](const MaskContext& ctx, index_t q, index_t kv) { return mask.allowed(ctx, q, kv); });
   return builder.finish();
 }
 

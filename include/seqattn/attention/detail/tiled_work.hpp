@@ -1,0 +1,177 @@
+// The planning half of the CPU tiled engine: how the tiles of one problem are
+// cut into tasks, once per AttentionPlan.
+//
+// Tasks are (sequence, head or head group, q-block, kv-split). When the mask
+// does not depend on the head and all queries of a sequence fit in
+// kBlockQ / group rows (decode), the query heads that share a K/V head are
+// stacked as rows of one tile, so K and V stream from memory once per group;
+// when all heads fit and each group fills whole vectors, every K/V head goes
+// into one task (rows ordered by K/V group), so a BSHD cache is read a whole
+// token row at a time. With fewer such units than 4x the workers, each
+// unit's tile list is split into kv_splits chunks (flash-decoding) whose
+// partial results are merged by SoftmaxState::merge before normalization.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "seqattn/attention/inputs.hpp"
+#include "seqattn/attention/options.hpp"
+#include "seqattn/masks/block_mask.hpp"
+
+namespace seqattn::detail {
+
+// One kv-block of one row of tiles: full (tile_id == kFull), partial with
+// stored bits (tile_id >= 0) or partial to be masked by the predicate.
+struct TileRef {
+  static constexpr std::int32_t kFull = -1;
+  static constexpr std::int32_t kPredicate = -2;
+  std::int32_t kv_block = 0;
+  std::int32_t tile_id = kFull;
+};
+
+struct WorkUnit {
+  index_t sequence = 0;
+  index_t head0 = 0;        // first query head
+  index_t group_heads = 1;  // query heads stacked per K/V head (1, or the GQA group)
+  index_t kv_groups = 1;    // K/V heads whose groups are stacked one after another
+  index_t q_block = 0;
+  index_t q_begin = 0;  // sequence-local query range of this unit
+  index_t q_end = 0;
+  std::size_t tiles_begin = 0;  // into the flat TileRef list
+  std::size_t tiles_end = 0;
+
+  // Rows are ordered (K/V group, query, head within the group).
+  index_t group_rows() const { return (q_end - q_begin) * group_heads; }
+  index_t rows() const { return group_rows() * kv_groups; }
+  index_t q_of(index_t r) const { return q_begin + r % group_rows() / group_heads; }
+  index_t head_of(index_t r) const { return head0 + r / group_rows() * group_heads + r % group_heads; }
+  index_t num_tiles() const { return static_cast<index_t>(tiles_end - tiles_begin); }
+};
+
+struct TiledWork {
+  std::vector<WorkUnit> units;
+  std::vector<TileRef> tiles;
+  index_t splits = 1;          // KV chunks per unit
+  std::vector<index_t> order;  // task ids, longest first; task = unit * splits + split
+  bool stack_heads = false;
+  // Partial tiles' bits transposed to one bit per row for each key (the
+  // layout of the transposed score tile), so the kernel masks a vector of
+  // rows with one mask load. Only when rows are one q-tile of one head.
+  std::vector<std::uint8_t> column_bits;
+  index_t column_tile_bytes = 0;
+  index_t dvp = 0;  // the kernel's padded V head dim
+
+  index_t num_tasks() const { return static_cast<index_t>(order.size()); }
+  const WorkUnit& unit_of(index_t task) const { return units[static_cast<std::size_t>(task / splits)]; }
+};
+
+// Stacks GQA heads (and K/V heads) into one task when that fits (see top).
+template <class Kernel>
+void choose_row_stacking(const AttentionShape& shape, const BlockMask& bm, index_t& group_heads, index_t& kv_groups) {
+  constexpr index_t kBq = Kernel::kBlockQ;
+  const bool stack = bm.heads() == 1 && shape.group() > 1 && shape.max_q_len() * shape.group() <= kBq;
+  group_heads = stack ? shape.group() : 1;
+  kv_groups = 1;
+  // Needs each group's rows to fill whole vectors (no padding between groups).
+  if (stack && shape.kv_heads > 1 && shape.max_q_len() * shape.heads <= kBq) {
+    bool aligned = true;
+    for (const index_t q_len : shape.lengths.q) {
+      const index_t gr = q_len * shape.group();
+      aligned = aligned && (gr == 0 || Kernel::padded_rows(gr) == gr);
+    }
+    if (aligned) kv_groups = shape.kv_heads;
+  }
+}
+
+// One unit per (sequence, head group, q-block), with its tiles listed in
+// BlockMask order: full ranges first, then the partial blocks.
+template <class Kernel>
+void collect_units(const AttentionShape& shape, const BlockMask& bm, TiledWork& w) {
+  constexpr index_t kBq = Kernel::kBlockQ;
+  index_t group_heads = 1, kv_groups = 1;
+  choose_row_stacking<Kernel>(shape, bm, group_heads, kv_groups);
+  w.stack_heads = group_heads > 1;
+  const bool bits = bm.has_tile_bits();
+  for (index_t b = 0; b < shape.batch(); ++b) {
+    const index_t q_len = shape.q_len(b);
+    if (q_len == 0) continue;
+    for (index_t h0 = 0; h0 < shape.heads; h0 += group_heads * kv_groups) {
+      for (index_t qb = 0; qb < bm.num_q_blocks(b); ++qb) {
+        WorkUnit u{b, h0, group_heads, kv_groups, qb, qb * kBq, std::min(q_len, (qb + 1) * kBq), w.tiles.size(), 0};
+        for (const BlockRange r : bm.full_ranges(b, h0, qb)) {
+          for (std::int32_t kb = r.begin; kb < r.end; ++kb) w.tiles.push_back({kb, TileRef::kFull});
+        }
+        const auto partial = bm.partial_blocks(b, h0, qb);
+        const auto ids = bm.partial_tile_ids(b, h0, qb);
+        for (std::size_t i = 0; i < partial.size(); ++i) {
+          w.tiles.push_back({partial[i], bits ? ids[i] : TileRef::kPredicate});
+        }
+        u.tiles_end = w.tiles.size();
+        w.units.push_back(u);
+      }
+    }
+  }
+}
+
+// Enough tasks to keep every worker busy: split units over KV chunks when
+// there are fewer than 4 per worker (decode), never below 2 tiles a chunk.
+inline index_t choose_kv_splits(const std::vector<WorkUnit>& units, index_t requested, int workers) {
+  if (requested > 0) return requested;
+  const auto n_units = static_cast<index_t>(units.size());
+  if (workers <= 1 || n_units == 0 || n_units >= 4 * workers) return 1;
+  index_t max_tiles = 0;
+  for (const auto& u : units) max_tiles = std::max(max_tiles, u.num_tiles());
+  return std::clamp<index_t>((4 * workers + n_units - 1) / n_units, 1, std::max<index_t>(1, max_tiles / 2));
+}
+
+// Longest tasks first: with dynamic claiming this balances causal rows.
+inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, index_t splits) {
+  const index_t n_tasks = static_cast<index_t>(units.size()) * splits;
+  std::vector<index_t> order(static_cast<std::size_t>(n_tasks));
+  for (index_t t = 0; t < n_tasks; ++t) order[static_cast<std::size_t>(t)] = t;
+  auto cost = [&](index_t t) {
+    const auto& u = units[static_cast<std::size_t>(t / splits)];
+    const index_t s = t % splits, n = u.num_tiles();
+    return (n * (s + 1) / splits - n * s / splits) * u.rows();
+  };
+  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return cost(a) > cost(b); });
+  return order;
+}
+
+// Column-major copies of the distinct partial tiles' bits (see TiledWork).
+inline std::vector<std::uint8_t> transpose_tile_bits(const BlockMask& bm, index_t block_q, index_t block_kv) {
+  const index_t distinct = bm.num_distinct_partial_tiles(), wpr = bm.words_per_row();
+  const index_t tile_bytes = block_kv * (block_q / 8);
+  std::vector<std::uint8_t> columns(static_cast<std::size_t>(distinct * tile_bytes), 0);
+  for (index_t id = 0; id < distinct; ++id) {
+    const auto rows_bits = bm.tile_bits(static_cast<std::int32_t>(id));
+    std::uint8_t* dst = columns.data() + id * tile_bytes;
+    for (index_t r = 0; r < block_q; ++r) {
+      for (index_t c = 0; c < block_kv; ++c) {
+        if ((rows_bits[static_cast<std::size_t>(r * wpr + c / 64)] >> (c % 64)) & 1u) {
+          dst[c * (block_q / 8) + r / 8] |= static_cast<std::uint8_t>(1u << (r % 8));
+        }
+      }
+    }
+  }
+  return columns;
+}
+
+template <class Kernel>
+TiledWork plan_tiled_work(const AttentionShape& shape, const BlockMask& bm, const PlanOptions& options, int workers) {
+  constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
+  TiledWork w;
+  w.dvp = Kernel::padded_dim(shape.dv);
+  collect_units<Kernel>(shape, bm, w);
+  w.splits = choose_kv_splits(w.units, options.kv_splits, workers);
+  w.order = order_tasks(w.units, w.splits);
+  if (!w.stack_heads && bm.has_tile_bits() && kBq % 8 == 0 && bm.num_distinct_partial_tiles() > 0) {
+    w.column_tile_bytes = kBkv * (kBq / 8);
+    w.column_bits = transpose_tile_bits(bm, kBq, kBkv);
+  }
+  return w;
+}
+
+}  // namespace seqattn::detail

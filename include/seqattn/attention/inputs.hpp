@@ -1,0 +1,134 @@
+// What one attention call computes on: Q, K and V as strided views, and the
+// shape of the problem they pose (what an AttentionPlan is made for).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <ostream>
+#include <vector>
+
+#include "seqattn/core/error.hpp"
+#include "seqattn/core/segments.hpp"
+#include "seqattn/core/tensor.hpp"
+#include "seqattn/masks/concept.hpp"
+
+namespace seqattn {
+
+// Q, K and V of one attention call, as strided views (nothing is copied).
+//
+//   BSHD (segments == nullptr): q [B, Sq, Hq, Dk], k [B, Skv, Hkv, Dk], v [B, Skv, Hkv, Dv]
+//   THD  (segments != nullptr): q [Tq, Hq, Dk],    k [Tkv, Hkv, Dk],    v [Tkv, Hkv, Dv]
+//
+// In THD form every segment of the table is an independent sequence (varlen):
+// its queries are tokens [q_offsets[i], q_offsets[i] + q_lens[i]) and its keys
+// [kv_offsets[i], kv_offsets[i] + kv_lens[i]); masks see sequence-local
+// coordinates with MaskContext::batch = i. Query tokens no segment covers are
+// not written.
+//
+// Hq must be a multiple of Hkv: query head h reads key/value head h / (Hq / Hkv)
+// (GQA; MQA when Hkv == 1). K and V are never copied per head.
+//
+// Outputs:
+//   out: BSHD [B, Sq, Hq, Dv]; THD [Tq, Hq, Dv]   (storage type of the inputs)
+//   lse: BSHD [B, Hq, Sq];     THD [Hq, Tq]        (fp32, natural log)
+// lse may be an empty view (no data) when it is not wanted. A row that no key
+// may attend to gets out = 0 and lse = -inf (lse = sink when there is a sink).
+template <class T>
+struct AttentionInputs {
+  TensorView<const T> q;
+  TensorView<const T> k;
+  TensorView<const T> v;
+  const SegmentTable* segments = nullptr;
+};
+
+enum class Layout : std::uint8_t { bshd, thd };
+
+// The shape of an attention problem: everything a plan depends on, and
+// nothing that may change between calls that reuse it (data, strides, THD
+// offsets).
+struct AttentionShape {
+  Layout layout = Layout::bshd;
+  RaggedLengths lengths;  // per sequence: BSHD batch entries, THD segments
+  index_t heads = 0;      // query heads
+  index_t kv_heads = 0;
+  index_t dk = 0;  // q/k head dim
+  index_t dv = 0;  // v head dim
+
+  index_t batch() const { return lengths.batch(); }
+  index_t group() const { return kv_heads > 0 ? heads / kv_heads : 0; }
+  index_t q_len(index_t b) const { return lengths.q[static_cast<std::size_t>(b)]; }
+  index_t kv_len(index_t b) const { return lengths.kv[static_cast<std::size_t>(b)]; }
+  index_t max_q_len() const {
+    index_t n = 0;
+    for (index_t x : lengths.q) n = std::max(n, x);
+    return n;
+  }
+  friend bool operator==(const AttentionShape& a, const AttentionShape& b) {
+    return a.layout == b.layout && a.lengths.q == b.lengths.q && a.lengths.kv == b.lengths.kv && a.heads == b.heads &&
+           a.kv_heads == b.kv_heads && a.dk == b.dk && a.dv == b.dv;
+  }
+};
+
+// e.g. "BSHD, 2 sequences of (q 77, kv 130), 4 heads over 2 kv heads, dk 72, dv 40"
+inline std::ostream& operator<<(std::ostream& os, const AttentionShape& s) {
+  os << (s.layout == Layout::bshd ? "BSHD, " : "THD, ") << s.batch() << (s.batch() == 1 ? " sequence" : " sequences");
+  bool uniform = true;
+  for (index_t b = 1; b < s.batch(); ++b) uniform = uniform && s.q_len(b) == s.q_len(0) && s.kv_len(b) == s.kv_len(0);
+  if (s.batch() > 0 && uniform) {
+    os << " of (q " << s.q_len(0) << ", kv " << s.kv_len(0) << ")";
+  } else if (s.batch() > 0) {
+    os << " (q, kv):";
+    const index_t shown = std::min<index_t>(s.batch(), 4);
+    for (index_t b = 0; b < shown; ++b) os << " (" << s.q_len(b) << ", " << s.kv_len(b) << ")";
+    if (shown < s.batch()) os << " ...";
+  }
+  return os << ", " << s.heads << " heads over " << s.kv_heads << " kv heads, dk " << s.dk << ", dv " << s.dv;
+}
+
+// The shape of `in`, after checking that q, k, v and the segment table agree.
+template <class T>
+AttentionShape shape_of(const AttentionInputs<T>& in) {
+  constexpr const char* kWho = "attention: ";
+  const bool packed = in.segments != nullptr;
+  const int rank = packed ? 3 : 4;
+  const char* layout = packed ? " (THD layout: [tokens, heads, dim])" : " (BSHD layout: [batch, seq, heads, dim])";
+  detail::require(in.q.rank() == rank, kWho, "q must have rank ", rank, layout, ", got shape ", in.q.shape());
+  detail::require(in.k.rank() == rank, kWho, "k must have rank ", rank, layout, ", got shape ", in.k.shape());
+  detail::require(in.v.rank() == rank, kWho, "v must have rank ", rank, layout, ", got shape ", in.v.shape());
+  detail::require(in.q.data() != nullptr || in.q.size() == 0, kWho, "q has no data");
+
+  AttentionShape s;
+  s.layout = packed ? Layout::thd : Layout::bshd;
+  const int h_axis = rank - 2;
+  s.heads = in.q.extent(h_axis);
+  s.kv_heads = in.k.extent(h_axis);
+  s.dk = in.q.extent(-1);
+  s.dv = in.v.extent(-1);
+  detail::require(in.k.extent(-1) == s.dk, kWho, "q and k must have the same head dim, got q ", in.q.shape(), " and k ",
+                  in.k.shape());
+  detail::require(in.v.extent(h_axis) == s.kv_heads && in.v.extent(h_axis - 1) == in.k.extent(h_axis - 1), kWho,
+                  "k and v must agree in tokens and heads, got k ", in.k.shape(), " and v ", in.v.shape());
+  detail::require(s.heads > 0 && s.kv_heads > 0 && s.dk > 0 && s.dv > 0, kWho,
+                  "heads and head dims must be positive, got q ", in.q.shape(), ", k ", in.k.shape(), ", v ",
+                  in.v.shape());
+  detail::require(s.heads % s.kv_heads == 0, kWho, "query heads (", s.heads,
+                  ") must be a multiple of key/value heads (", s.kv_heads, "), got q ", in.q.shape(), " and k ",
+                  in.k.shape());
+  if (!packed) {
+    const index_t batch = in.q.extent(0);
+    detail::require(in.k.extent(0) == batch && in.v.extent(0) == batch, kWho,
+                    "q, k and v must have the same batch size, got q ", in.q.shape(), ", k ", in.k.shape(), ", v ",
+                    in.v.shape());
+    s.lengths = RaggedLengths::uniform(batch, in.q.extent(1), in.k.extent(1));
+  } else {
+    const SegmentTable& seg = *in.segments;
+    seg.validate(in.q.extent(0), in.k.extent(0));
+    for (std::size_t i = 0; i < seg.q_lens.size(); ++i) {
+      s.lengths.q.push_back(seg.q_lens[i]);
+      s.lengths.kv.push_back(seg.kv_lens[i]);
+    }
+  }
+  return s;
+}
+
+}  // namespace seqattn

@@ -1,0 +1,40 @@
+// The contract between the CPU tiled engine (attention/detail/tiled_forward.hpp)
+// and a backend's arithmetic on fp32 tiles. backends/scalar.hpp is its
+// specification in plain C++; backends/highway-inl.h implements it with SIMD.
+//
+//   kBlockQ, kBlockKv                    tile shape (query rows x keys)
+//   padded_rows(rows), padded_dim(dv)    how far rows and head dims are padded
+//   to_f32(src, n, dst)                  storage -> fp32 for one contiguous row (float, bfloat16)
+//   scores(qt, rows_p, dk, k, k_stride, cols, st)     St[j][r] = sum_d K[j][d] Qt[d][r]
+//   softcap(st, cols, rows_p, cap)                    St = cap * tanh(St)
+//   apply_column_bits(st, cols, rows_p, bits, bytes_per_key)  St[j][r] = -inf where bit r of key j is 0
+//   online_softmax(st, cols, rows_p, m, l, alpha)     St -> P, running max/sum, rescale factors
+//   accumulate_pv(pt, rows, cols, v, v_stride, dvp, alpha, o)  O = alpha * O + P V
+//
+// St and Qt have a row stride of kBlockQ; O has dvp floats per row.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+
+#include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/tensor.hpp"
+
+namespace seqattn {
+
+template <class K>
+concept TileKernel = requires(index_t n, const float* cf, float* f, const bfloat16* cb, const std::uint8_t* bits) {
+  { K::kBlockQ } -> std::convertible_to<index_t>;
+  { K::kBlockKv } -> std::convertible_to<index_t>;
+  { K::padded_rows(n) } -> std::convertible_to<index_t>;
+  { K::padded_dim(n) } -> std::convertible_to<index_t>;
+  K::to_f32(cf, n, f);
+  K::to_f32(cb, n, f);
+  K::scores(cf, n, n, cf, n, n, f);
+  K::softcap(f, n, n, 1.0f);
+  K::apply_column_bits(f, n, n, bits, n);
+  K::online_softmax(f, n, n, f, f, f);
+  K::accumulate_pv(cf, n, n, cf, n, n, cf, f);
+};
+
+}  // namespace seqattn

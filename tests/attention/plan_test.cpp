@@ -1,0 +1,306 @@
+// Plans: reuse across calls, executors and THD offsets; shape mismatches;
+// the backend seam (concepts, supports()); the BlockMask's carried predicate;
+// SoftmaxState merges.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "seqattn/masks.hpp"
+
+#include "attention_test_support.hpp"
+
+using namespace seqattn;
+using namespace seqattn::testing;
+using Catch::Matchers::Contains;
+
+static_assert(AttentionBackend<backends::Highway>);
+static_assert(AttentionBackend<backends::Scalar>);
+static_assert(AttentionBackend<backends::Reference>);
+static_assert(!AttentionBackend<int>);
+static_assert(TileKernel<backends::ScalarKernel>);
+static_assert(TileKernel<backends::Highway::Kernel>);
+static_assert(ExecutionPolicy<execution::Serial>);
+static_assert(ExecutionPolicy<execution::ThreadPool>);
+static_assert(!ExecutionPolicy<variants::Softcap>);
+static_assert(ScoreVariant<variants::Alibi>);
+static_assert(!ScoreVariant<execution::Serial>);
+
+namespace {
+
+// A backend that is the Scalar engine under another name and refuses head
+// dims over 96: what a new backend with limits (a GPU kernel) looks like to
+// the planner. Counts its forward calls.
+struct LimitedBackend : backends::CpuTiled<backends::ScalarKernel> {
+  static inline int forward_calls = 0;
+  static const char* name() { return "Limited"; }
+  static Support supports(const AttentionShape& shape) {
+    if (shape.dk > 96) return {detail::concat("head dim ", shape.dk, " is over 96")};
+    return {};
+  }
+  template <class Backend, class T, class V, class Exec>
+  static void forward(const AttentionPlan<Backend>& plan, const detail::AttentionProblem<T>& problem, const V& variant,
+                      Exec& exec) {
+    ++forward_calls;
+    CpuTiled::forward(plan, problem, variant, exec);
+  }
+};
+static_assert(AttentionBackend<LimitedBackend>);
+
+struct Bshd {
+  Tensor<float> q, k, v, out, lse;
+  Bshd(std::mt19937& rng, index_t batch, index_t sq, index_t skv, index_t heads, index_t kv_heads, index_t d)
+      : q(random_tensor<float>(detail::make_extents({batch, sq, heads, d}), rng)),
+        k(random_tensor<float>(detail::make_extents({batch, skv, kv_heads, d}), rng)),
+        v(random_tensor<float>(detail::make_extents({batch, skv, kv_heads, d}), rng)),
+        out(detail::make_extents({batch, sq, heads, d}), 7.0f),
+        lse(detail::make_extents({batch, heads, sq}), 7.0f) {}
+  AttentionInputs<float> in() const { return {q.view(), k.view(), v.view()}; }
+  void refill(std::mt19937& rng) {
+    for (Tensor<float>* t : {&q, &k, &v}) {
+      const Tensor<float> fresh = random_tensor<float>(t->shape(), rng);
+      std::copy(fresh.values().begin(), fresh.values().end(), t->values().begin());
+    }
+  }
+};
+
+bool bitwise_equal(const Tensor<float>& a, const Tensor<float>& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("a plan serves many calls with new data and any executor", "[attention][plan]", backends::Highway,
+                   backends::Scalar) {
+  std::mt19937 rng(101);
+  // Decode-like (split KV, merged partials) and prefill-like shapes.
+  for (const auto& [sq, skv] : {std::pair<index_t, index_t>{2, 700}, {130, 150}}) {
+    Bshd x(rng, 2, sq, skv, 8, 2, 72);
+    const auto mask = CausalMask{Alignment::bottom_right};
+    const auto plan = plan_attention<TestType>(shape_of(x.in()), mask, {}, 2);
+    CHECK(plan.workers() == 2);
+    execution::ThreadPool pool(2);
+    for (int call = 0; call < 3; ++call) {
+      CAPTURE(sq, skv, call);
+      x.refill(rng);
+      Tensor<float> want(x.out.shape()), want_lse(x.lse.shape());
+      attention_forward<backends::Reference>(x.in(), mask, want.view(), want_lse.view());
+      attention_forward(plan, x.in(), x.out.view(), x.lse.view(), pool);
+      CHECK(compare(x.out, want).relative() <= 1e-5);
+      check_lse(x.lse, want_lse, 1e-5);
+      // The same plan serially: the partition is fixed, so the result is too.
+      Tensor<float> serial(x.out.shape()), serial_lse(x.lse.shape());
+      attention_forward(plan, x.in(), serial.view(), serial_lse.view());
+      CHECK(bitwise_equal(serial, x.out));
+      CHECK(bitwise_equal(serial_lse, x.lse));
+    }
+  }
+}
+
+TEST_CASE("a THD plan serves calls whose segments move but keep their lengths", "[attention][plan][thd]") {
+  std::mt19937 rng(103);
+  const auto q = random_tensor<float>({40, 4, 64}, rng);
+  const auto k = random_tensor<float>({50, 2, 64}, rng);
+  const auto v = random_tensor<float>({50, 2, 64}, rng);
+  const std::vector<std::int32_t> q_len{7, 0, 20}, kv_len{9, 4, 30};
+  const std::vector<std::int32_t> q_off_a{0, 7, 7}, kv_off_a{0, 9, 13};
+  const std::vector<std::int32_t> q_off_b{20, 0, 0}, kv_off_b{41, 0, 5};  // other places, same lengths
+  const SegmentTable a{q_off_a, q_len, kv_off_a, kv_len}, b{q_off_b, q_len, kv_off_b, kv_len};
+  const auto plan = plan_attention<backends::Highway>(
+      shape_of(AttentionInputs<float>{q.view(), k.view(), v.view(), &a}), CausalMask{Alignment::bottom_right});
+  for (const SegmentTable* table : {&a, &b}) {
+    const AttentionInputs<float> in{q.view(), k.view(), v.view(), table};
+    Tensor<float> out({40, 4, 64}, 7.0f), want({40, 4, 64}, 7.0f), lse({4, 40}, 7.0f), want_lse({4, 40}, 7.0f);
+    attention_forward<backends::Reference>(in, CausalMask{Alignment::bottom_right}, want.view(), want_lse.view());
+    attention_forward(plan, in, out.view(), lse.view());
+    CHECK(compare(out, want).relative() <= 1e-5);
+    check_lse(lse, want_lse, 1e-5);
+  }
+}
+
+TEST_CASE("a plan refuses inputs of another shape, naming both", "[attention][plan][errors]") {
+  std::mt19937 rng(107);
+  Bshd x(rng, 1, 8, 10, 4, 2, 64);
+  const auto plan = plan_attention<backends::Highway>(shape_of(x.in()), CausalMask{});
+  Bshd longer(rng, 1, 8, 12, 4, 2, 64);
+  CHECK_THROWS_WITH(attention_forward(plan, longer.in(), longer.out.view(), longer.lse.view()),
+                    Contains("attention_forward: the plan was made for BSHD, 1 sequence of (q 8, kv 10), 4 heads over "
+                             "2 kv heads, dk 64, dv 64") &&
+                        Contains("but the inputs are BSHD, 1 sequence of (q 8, kv 12)"));
+  Bshd wider(rng, 1, 8, 10, 4, 2, 80);
+  CHECK_THROWS_WITH(attention_forward(plan, wider.in(), wider.out.view(), wider.lse.view()),
+                    Contains("dk 64, dv 64 but the inputs are") && Contains("dk 80, dv 80"));
+  Bshd mqa(rng, 1, 8, 10, 4, 1, 64);
+  CHECK_THROWS_WITH(attention_forward(plan, mqa.in(), mqa.out.view(), mqa.lse.view()),
+                    Contains("4 heads over 1 kv heads"));
+  // THD inputs of the same sizes are another layout.
+  const std::vector<std::int32_t> zero{0}, eight{8}, ten{10};
+  const SegmentTable table{zero, eight, zero, ten};
+  const TensorView<const float> q3(x.q.data(), {8, 4, 64}), k3(x.k.data(), {10, 2, 64}), v3(x.v.data(), {10, 2, 64});
+  Tensor<float> out3({8, 4, 64}), lse3({4, 8});
+  CHECK_THROWS_WITH(attention_forward(plan, AttentionInputs<float>{q3, k3, v3, &table}, out3.view(), lse3.view()),
+                    Contains("but the inputs are THD, 1 sequence of (q 8, kv 10)"));
+  // Nothing was written by the refused calls.
+  CHECK(longer.out(0, 0, 0, 0) == 7.0f);
+}
+
+TEST_CASE("planning validates its request and asks the backend", "[attention][plan][errors]") {
+  std::mt19937 rng(109);
+  Bshd x(rng, 1, 8, 10, 4, 2, 128);
+  const AttentionShape shape = shape_of(x.in());
+  CHECK_THROWS_WITH(plan_attention<backends::Scalar>(shape, FullMask{}, {}, 0), Contains("workers must be at least 1"));
+  CHECK_THROWS_WITH(plan_attention<backends::Scalar>(shape, FullMask{}, PlanOptions{-1}),
+                    Contains("kv_splits must be >= 0"));
+  CHECK_THROWS_WITH(
+      plan_attention<LimitedBackend>(shape, FullMask{}),
+      Contains("backend Limited cannot run BSHD, 1 sequence of (q 8, kv 10)") && Contains("head dim 128 is over 96"));
+  // The mask is checked against the shape when the plan builds its BlockMask.
+  const std::vector<CausalMask> two_masks(2);
+  CHECK_THROWS_WITH(plan_attention<backends::Highway>(shape, PerHeadMask<CausalMask>{two_masks}),
+                    Contains("PerHeadMask: 2 masks but attention has 4 heads"));
+  // A prebuilt BlockMask must fit the shape and the backend's tiles.
+  auto wrong_tiles = std::make_shared<const BlockMask>(build_block_mask(CausalMask{}, shape.lengths, 4, {32, 32}));
+  CHECK_THROWS_WITH(plan_attention<backends::Highway>(shape, wrong_tiles),
+                    Contains("has block shape (32, 32) but backend Highway tiles by"));
+  CHECK_NOTHROW(plan_attention<backends::Reference>(shape, wrong_tiles));  // the reference does not tile
+  CHECK_THROWS_WITH(plan_attention<backends::Highway>(shape, std::shared_ptr<const BlockMask>{}),
+                    Contains("block_mask is null"));
+}
+
+TEST_CASE("a backend with limits runs what it supports through the same seam", "[attention][plan]") {
+  std::mt19937 rng(113);
+  Bshd x(rng, 2, 33, 47, 6, 3, 80);
+  const TestRandomDenseMask mask{5, 0.4f};
+  const auto plan = plan_attention<LimitedBackend>(shape_of(x.in()), mask, {}, 3);
+  LimitedBackend::forward_calls = 0;
+  execution::ThreadPool pool(3);
+  attention_forward(plan, x.in(), x.out.view(), x.lse.view(), pool);
+  CHECK(LimitedBackend::forward_calls == 1);
+  Tensor<float> want(x.out.shape()), want_lse(x.lse.shape());
+  attention_forward<backends::Reference>(x.in(), mask, want.view(), want_lse.view());
+  CHECK(compare(x.out, want).relative() <= 1e-5);
+  check_lse(x.lse, want_lse, 1e-5);
+}
+
+TEST_CASE("a plan reused across layers builds its BlockMask once", "[attention][plan]") {
+  std::mt19937 rng(127);
+  Bshd x(rng, 1, 200, 200, 4, 4, 64);
+  std::vector<std::int32_t> ids(200);
+  for (index_t i = 0; i < 200; ++i) ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(1 + i / 37);
+  const DocumentLayout layout = DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), {1, 200}));
+  const auto mask = document_mask(layout, CausalMask{});
+  const auto plan = plan_attention<backends::Highway>(shape_of(x.in()), mask, {}, 2);
+  const BlockMask* built = &plan.block_mask();
+  execution::ThreadPool pool(2);
+  for (int layer = 0; layer < 4; ++layer) {
+    x.refill(rng);
+    attention_forward(plan, x.in(), x.out.view(), x.lse.view(), pool);
+    CHECK(&plan.block_mask() == built);
+    Tensor<float> want(x.out.shape()), want_lse(x.lse.shape());
+    attention_forward<backends::Reference>(x.in(), mask, want.view(), want_lse.view());
+    CHECK(compare(x.out, want).relative() <= 1e-5);
+  }
+}
+
+TEST_CASE("the BlockMask carries its description's predicate", "[attention][plan][masks]") {
+  const TestPerHeadWindowMask mask{4};
+  const RaggedLengths lengths{{70, 9}, {90, 15}};
+  const BlockMask bm = build_block_mask(mask, lengths, 3, {16, 32});
+  const BlockMask bm_no_bits = build_block_mask(mask, lengths, 3, {16, 32}, BlockMaskOptions{false});
+  BlockMask bits_only = bm;
+  bits_only.set_predicate({});
+  const BlockMask t = bm.transposed();
+  REQUIRE(bm.has_predicate());
+  REQUIRE(t.has_predicate());
+  index_t mismatches = 0;
+  for (index_t b = 0; b < 2; ++b) {
+    for (index_t h = 0; h < 3; ++h) {
+      const MaskContext ctx{b, h, lengths.q[static_cast<std::size_t>(b)], lengths.kv[static_cast<std::size_t>(b)]};
+      const MaskContext tctx{b, h, ctx.kv_len, ctx.q_len};
+      for (index_t q = 0; q < ctx.q_len; ++q) {
+        for (index_t kv = 0; kv < ctx.kv_len; ++kv) {
+          const bool want = mask.allowed(ctx, q, kv);
+          mismatches += bm.allowed(ctx, q, kv) != want;
+          mismatches += bm_no_bits.allowed(ctx, q, kv) != want;
+          mismatches += bits_only.allowed(ctx, q, kv) != want;  // answered from the tiles
+          mismatches += t.allowed(tctx, kv, q) != want;
+        }
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+  BlockMask nothing = bm_no_bits;
+  nothing.set_predicate({});
+  index_t q = 0;
+  while (nothing.partial_blocks(0, 0, q / 16).empty()) ++q;
+  const index_t kv = nothing.partial_blocks(0, 0, q / 16)[0] * 32;
+  CHECK_THROWS_WITH(nothing.allowed(MaskContext{0, 0, 70, 90}, q, kv),
+                    Contains("has neither tile bits nor an element predicate"));
+}
+
+TEST_CASE("SoftmaxState merges partial rows exactly, in any split", "[attention][softmax_state]") {
+  std::mt19937 rng(131);
+  std::normal_distribution<float> logit(0.0f, 4.0f);
+  const index_t n = 57, dv = 5;
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<float> s(n), v(n * dv);
+    for (auto& x : s) x = logit(rng);
+    for (auto& x : v) x = logit(rng);
+    for (index_t j = 0; j < n; ++j) {
+      if (rng() % 4 == 0) s[static_cast<std::size_t>(j)] = -std::numeric_limits<float>::infinity();  // masked
+    }
+    // Exact in double.
+    double top = -INFINITY, sum = 0;
+    for (float x : s) top = std::max<double>(top, x);
+    std::vector<double> o(dv, 0.0);
+    for (index_t j = 0; j < n; ++j) {
+      if (std::isinf(s[static_cast<std::size_t>(j)])) continue;
+      const double w = std::exp(s[static_cast<std::size_t>(j)] - top);
+      sum += w;
+      for (index_t e = 0; e < dv; ++e) o[static_cast<std::size_t>(e)] += w * v[static_cast<std::size_t>(j * dv + e)];
+    }
+    // Random chunks, each its own partial, merged left to right.
+    SoftmaxState acc;
+    std::vector<float> acc_o(dv, 0.0f);
+    for (index_t begin = 0; begin < n;) {
+      const index_t end = std::min<index_t>(n, begin + 1 + static_cast<index_t>(rng() % 12));
+      SoftmaxState part;
+      for (index_t j = begin; j < end; ++j) part.max = std::max(part.max, s[static_cast<std::size_t>(j)]);
+      std::vector<float> part_o(dv, 0.0f);
+      for (index_t j = begin; j < end && part.max != SoftmaxState::kNegInf; ++j) {
+        const float w = std::exp(s[static_cast<std::size_t>(j)] - part.max);
+        part.sum += w;
+        for (index_t e = 0; e < dv; ++e)
+          part_o[static_cast<std::size_t>(e)] += w * v[static_cast<std::size_t>(j * dv + e)];
+      }
+      merge_partial_rows(acc, acc_o.data(), part, part_o.data(), dv);
+      begin = end;
+    }
+    CHECK(std::abs(acc.lse() - (top + std::log(sum))) <= 1e-5 * std::max(1.0, std::abs(top)));
+    for (index_t e = 0; e < dv; ++e) {
+      CHECK(std::abs(acc_o[static_cast<std::size_t>(e)] * acc.normalizer() - o[static_cast<std::size_t>(e)] / sum) <=
+            1e-5);
+    }
+  }
+  // Identities: an empty state, from_lse, a sink.
+  SoftmaxState empty;
+  CHECK(empty.lse() == -std::numeric_limits<float>::infinity());
+  CHECK(empty.normalizer() == 0.0f);
+  SoftmaxState a{2.0f, 3.0f};
+  const auto w = a.merge(empty);
+  CHECK((w.self == 1.0f && w.other == 0.0f && a.max == 2.0f && a.sum == 3.0f));
+  CHECK(SoftmaxState::from_lse(1.25f).lse() == 1.25f);
+  CHECK(SoftmaxState::from_lse(-std::numeric_limits<float>::infinity()).empty());
+  SoftmaxState only_sink;
+  CHECK(only_sink.absorb_sink(0.5f) == 0.0f);
+  CHECK(only_sink.lse() == 0.5f);
+  SoftmaxState with_sink{0.0f, 1.0f};
+  const float rescale = with_sink.absorb_sink(0.0f);
+  CHECK(rescale == 1.0f);
+  CHECK(std::abs(with_sink.lse() - std::log(2.0f)) <= 1e-7);
+}

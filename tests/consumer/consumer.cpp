@@ -33,9 +33,23 @@ int main() {
   Tensor<float> lse(Extents{heads, tokens}), expected_lse(Extents{heads, tokens});
   attention_forward(in, CausalMask{}, out.view(), lse.view());
   attention_forward<backends::Reference>(in, CausalMask{}, expected.view(), expected_lse.view());
-  for (index_t i = 0; i < out.size(); ++i) {
-    if (std::abs(out.data()[i] - expected.data()[i]) > 1e-5f * (1.0f + std::abs(expected.data()[i]))) return 2;
-  }
+  auto close = [&](const Tensor<float>& got) {
+    for (index_t i = 0; i < got.size(); ++i) {
+      if (std::abs(got.data()[i] - expected.data()[i]) > 1e-5f * (1.0f + std::abs(expected.data()[i]))) return false;
+    }
+    return true;
+  };
+  if (!close(out)) return 2;
+
+  // Plan once, run with a score variant on a pool, as the README shows.
+  execution::ThreadPool pool(2);
+  const auto plan = plan_attention<backends::Highway>(shape_of(in), CausalMask{}, {}, pool.workers());
+  const std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  const auto variant = variants::chain(variants::Alibi{slopes}, variants::Softcap{5.0f});
+  attention_forward(plan, in, out.view(), lse.view(), variant, pool);
+  attention_forward(plan_attention<backends::Reference>(shape_of(in), CausalMask{}), in, expected.view(),
+                    expected_lse.view(), variant);
+  if (!close(out)) return 3;
   std::printf("seqattn %d.%d.%d consumer OK: %td segments, Highway target %s\n", kVersionMajor, kVersionMinor,
               kVersionPatch, table.size(), static_simd_target());
   return 0;

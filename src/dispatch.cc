@@ -7,7 +7,7 @@
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/plan.hpp"
 #include "seqattn/backends/cpu_tiled.hpp"
-#include "seqattn/backends/execution.hpp"
+#include "seqattn/core/execution.hpp"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "dispatch.cc"

@@ -41,7 +41,7 @@
 #include "seqattn/attention/plan.hpp"
 #include "seqattn/attention/softmax_state.hpp"
 #include "seqattn/attention/variants.hpp"
-#include "seqattn/backends/execution.hpp"
+#include "seqattn/core/execution.hpp"
 #include "seqattn/backends/highway.hpp"
 #include "seqattn/backends/reference.hpp"
 #include "seqattn/backends/scalar.hpp"

@@ -6,7 +6,7 @@
 
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
-#include "seqattn/backends/execution.hpp"
+#include "seqattn/core/execution.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/tensor.hpp"
 #include "seqattn/masks/block_mask.hpp"

@@ -29,8 +29,8 @@
 #include "seqattn/attention/plan.hpp"
 #include "seqattn/attention/variants.hpp"
 #include "seqattn/backends/cpu_tiled.hpp"
-#include "seqattn/backends/execution.hpp"
 #include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/execution.hpp"
 #include "seqattn/core/tensor.hpp"
 #include "seqattn/masks/block_mask.hpp"
 

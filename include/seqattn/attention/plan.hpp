@@ -34,9 +34,9 @@
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
 #include "seqattn/attention/variants.hpp"
-#include "seqattn/backends/execution.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/error.hpp"
+#include "seqattn/core/execution.hpp"
 #include "seqattn/masks/block_mask.hpp"
 #include "seqattn/masks/concept.hpp"
 

@@ -39,8 +39,8 @@
 #include <utility>
 
 #include "seqattn/attention/inputs.hpp"
-#include "seqattn/backends/execution.hpp"
 #include "seqattn/core/error.hpp"
+#include "seqattn/core/execution.hpp"
 #include "seqattn/core/tensor.hpp"
 
 namespace seqattn {

@@ -1,4 +1,4 @@
-// Context-parallel load balancing (spec §2.10): reorder the sequence axis so
+// Context-parallel load balancing (docs/semantics/sequence-descriptors.md §2.10): reorder the sequence axis so
 // that, after splitting it evenly over cp_size ranks, every rank gets a fair
 // share of causal work. Segment ids and positions are reordered with the same
 // function as q, k and v.

@@ -1,5 +1,5 @@
 // Segment ids + positions -> per-row seqlens and offsets, with the reference
-// (mask-defined) semantics of TransformerEngine's slow path (spec §2.6).
+// (mask-defined) semantics of TransformerEngine's slow path (docs/semantics/sequence-descriptors.md §2.6).
 //
 // For THD, within each batch row a query token is *active* iff some key token
 // of the same segment is allowed for it by the mask (and a key token iff some
@@ -16,7 +16,7 @@
 //
 // Deliberate differences from TE:
 //  - No fast path: TE's causal fast path reads row 0's positions for every
-//    row (spec D1) and trims keys under non-causal masks (D3). Reference
+//    row (docs/semantics/sequence-descriptors.md §6 D1) and trims keys under non-causal masks (D3). Reference
 //    values are what we return for every mask and window.
 //  - The sliding window never changes the descriptor (as in TE since PR
 //    #2201); it is applied by the kernel. It is accepted for parity only.
@@ -25,7 +25,7 @@
 //    misalign there; both pack to the same cu_seqlens and global offsets).
 //  - Ids are validated instead of silently corrupting the result: each row
 //    numbers its segments 1, 2, 3, ... in order of appearance, each segment
-//    one contiguous run, ids <= max_segments_per_seq (spec D5, E7, E10).
+//    one contiguous run, ids <= max_segments_per_seq (§6 D5; vectors E7, E10 of §5).
 //    The active tokens of a segment must form one range (true whenever
 //    positions are monotone inside segments); TE emits extra, misaligned
 //    offsets otherwise, we throw.
@@ -133,8 +133,6 @@ inline SeqlensAndOffsets derive_seqlens_and_offsets(const QkvPair<Int32View>& se
   out.offsets = {Tensor<std::int32_t>(batch.concat(Extents{m + 1})),
                  Tensor<std::int32_t>(batch.concat(Extents{m + 1}))};
   detail::SegmentRuns q_runs, kv_runs;
-  q_runs.reserve(m);
-  kv_runs.reserve(m);
   const bool q_unit = src[0].step == 1 && src[2].step == 1;
   const bool kv_unit = src[1].step == 1 && src[3].step == 1;
   const bool self_attention =

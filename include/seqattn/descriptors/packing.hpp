@@ -1,4 +1,4 @@
-// Packing per-row descriptors into what a fused kernel consumes (spec §2.8):
+// Packing per-row descriptors into what a fused kernel consumes (docs/semantics/sequence-descriptors.md §2.8):
 // segments on the flat (rows * S) token axis, as global offsets, lengths and
 // cu_seqlens, plus a SegmentTable view for seqattn's attention engine.
 #pragma once
@@ -53,7 +53,7 @@ struct RowSegment {
 // The segments of one row of (seqlens, offsets): the i-th positive length
 // with the i-th non-negative offset (TE's pairing), checked so that the
 // pairing is right: as many offsets as lengths (start offsets only; the
-// end-offset convention of TE's docstring fails here, spec D2), in order,
+// end-offset convention of TE's docstring fails here, docs/semantics/sequence-descriptors.md §6 D2), in order,
 // non-overlapping, inside [0, S).
 inline void row_segments(const std::int32_t* lens, index_t n_lens, const std::int32_t* offs, index_t n_offs,
                          index_t seq_len, const char* label, index_t row, const Extents& batch,

@@ -1,5 +1,5 @@
 // SequenceDescriptor: TransformerEngine's description of which tokens of a
-// batch are real and how they group into sequences (spec §1.2), built from
+// batch are real and how they group into sequences (docs/semantics/sequence-descriptors.md §1.2), built from
 //   - seqlens (BSHD: one right-padded sequence per row),
 //   - seqlens + start offsets (THD: several segments packed per row), or
 //   - segment ids + positions (either layout; positions are mandatory).

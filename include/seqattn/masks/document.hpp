@@ -1,10 +1,10 @@
-// Document (segment) masks: packed sequences that attend only within their
-// own segment, with any inner mask (causal, window, ...) applied per segment.
+// Document (segment) masks (segment-run rules: docs/semantics/sequence-descriptors.md §7.3): packed sequences that
+// attend only within their own segment, with any inner mask (causal, window, ...) applied per segment.
 //
 // Input is TE's segment ids (0 = padding, real ids >= 1) of shape (*E, B, T)
 // for queries and for keys/values, and optionally segment positions whose
 // trailing shape matches the ids and that are broadcast over the extra
-// leading dims (TE PR #2692). MaskContext.batch is the flat index over
+// leading dims (TE PR #2692, docs/semantics/sequence-descriptors.md §3). MaskContext.batch is the flat index over
 // (*E, B); ctx.q_len / ctx.kv_len are the token counts T_q / T_kv.
 //
 // Query token i may see key token j iff ids_q[i] == ids_kv[j] != 0 and the
@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "seqattn/core/error.hpp"
+#include "seqattn/core/segment_runs.hpp"
 #include "seqattn/core/tensor.hpp"
 #include "seqattn/masks/concept.hpp"
 #include "seqattn/masks/structural.hpp"
@@ -142,40 +143,50 @@ class DocumentLayout {
         pos_rows > 0 ? to_rows(pos, pos_rows, t_len, pos_copy) : TensorView<const std::int32_t>{};
     offsets.assign(1, 0);
     token_run.assign(static_cast<std::size_t>(rows * t_len), -1);
-    std::unordered_map<std::int32_t, index_t> seen;
+    detail::SegmentRunParser parser;
     for (index_t b = 0; b < rows; ++b) {
-      seen.clear();
-      const auto row_begin = static_cast<std::int32_t>(runs.size());
-      for (index_t t = 0; t < t_len; ++t) {
-        const std::int32_t id = flat_ids(b, t);
-        detail::require(id >= 0, "DocumentLayout: ", side, "_segment_ids[", b, ", ", t, "] = ", id,
-                        " is negative (0 is padding, segments are >= 1)");
-        if (id == 0) continue;
-        const std::int32_t p = pos_rows > 0 ? flat_pos(b % pos_rows, t) : -1;
-        const bool continues = t > 0 && flat_ids(b, t - 1) == id;
-        if (!continues) {
-          auto [it, fresh] = seen.emplace(id, t);
-          detail::require(fresh, "DocumentLayout: ", side, "_segment_ids row ", b, " of shape ", ids.shape(),
-                          ": segment ", id, " is not one contiguous run (tokens ", it->second, " and ", t, ")");
-          if (pos_rows > 0) {
-            detail::require(p >= 0, "DocumentLayout: ", side, "_segment_pos[", b, ", ", t, "] = ", p, " is negative");
-          }
-          runs.push_back(
-              {id, static_cast<std::int32_t>(t), static_cast<std::int32_t>(t + 1), pos_rows > 0 ? p : 0, -1});
-        } else {
-          SegmentRun& r = runs.back();
-          if (pos_rows > 0) {
-            detail::require(p == r.pos_begin + (t - r.begin), "DocumentLayout: ", side, "_segment_pos row ", b,
-                            ": positions within segment ", id, " must count up by one, got ", p, " at token ", t,
-                            " after ", flat_pos(b % pos_rows, t - 1));
-          }
-          r.end = static_cast<std::int32_t>(t + 1);
-        }
-        token_run[static_cast<std::size_t>(b * t_len + t)] = static_cast<std::int32_t>(runs.size()) - 1 - row_begin;
+      const detail::RowPtr<true> row_ids{flat_ids.data() + b * t_len, 1};
+      const detail::RowPtr<true> row_pos{pos_rows > 0 ? flat_pos.data() + (b % pos_rows) * t_len : nullptr, 1};
+      const DocumentRunRules rules{side, ids.shape(), b};
+      const auto parsed = pos_rows > 0 ? parser.parse<detail::RunPositions::consecutive>(row_ids, row_pos, t_len, rules)
+                                       : parser.parse<detail::RunPositions::none>(row_ids, row_pos, t_len, rules);
+      std::int32_t* row_token_run = token_run.data() + b * t_len;
+      for (std::size_t r = 0; r < parsed.size(); ++r) {
+        const detail::ParsedRun& run = parsed[r];
+        // Without positions a token's local coordinate is its offset in the run.
+        runs.push_back(
+            {run.id, static_cast<std::int32_t>(run.begin), static_cast<std::int32_t>(run.end), run.first_pos, -1});
+        std::fill(row_token_run + run.begin, row_token_run + run.end, static_cast<std::int32_t>(r));
       }
       offsets.push_back(static_cast<std::int32_t>(runs.size()));
     }
   }
+
+  // DocumentLayout's rules on top of the shared ones (core/segment_runs.hpp):
+  // any id order, positions (when given) start each run at >= 0 and count up
+  // by one; errors keep DocumentLayout's wording.
+  struct DocumentRunRules {
+    const char* side;
+    const Extents& shape;
+    index_t row;
+
+    void on_run_start(std::int32_t v, index_t t, std::int32_t p, index_t) const {
+      (void)v;
+      detail::require(p >= 0, "DocumentLayout: ", side, "_segment_pos[", row, ", ", t, "] = ", p, " is negative");
+    }
+    [[noreturn]] void negative_id(index_t t, std::int32_t v) const {
+      detail::throw_invalid("DocumentLayout: ", side, "_segment_ids[", row, ", ", t, "] = ", v,
+                            " is negative (0 is padding, segments are >= 1)");
+    }
+    [[noreturn]] void repeated_id(index_t t, std::int32_t v, const detail::ParsedRun& earlier) const {
+      detail::throw_invalid("DocumentLayout: ", side, "_segment_ids row ", row, " of shape ", shape, ": segment ", v,
+                            " is not one contiguous run (tokens ", earlier.begin, " and ", t, ")");
+    }
+    [[noreturn]] void positions_not_consecutive(index_t t, std::int32_t v, std::int32_t p, std::int32_t prev) const {
+      detail::throw_invalid("DocumentLayout: ", side, "_segment_pos row ", row, ": positions within segment ", v,
+                            " must count up by one, got ", p, " at token ", t, " after ", prev);
+    }
+  };
 
   static TensorView<const std::int32_t> to_rows(TensorView<const std::int32_t> v, index_t rows, index_t t_len,
                                                 Tensor<std::int32_t>& copy) {

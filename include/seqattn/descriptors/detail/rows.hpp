@@ -67,7 +67,7 @@ struct RowSource {
 // over extra dims and of a side without extras over the other side's extras.
 inline index_t source_row(const RowSource& src, index_t out_row) { return out_row % src.rows; }
 
-// The shape rules of TE PR #2692 (spec §3), extended:
+// The shape rules of TE PR #2692 (docs/semantics/sequence-descriptors.md §3), extended:
 //   ids (*E, B, T); pos = any trailing part of the ids shape with the token
 //   axis, broadcast over the rest; q and kv agree on B, and their extras E
 //   are equal or one is a suffix of the other (e.g. absent), in which case

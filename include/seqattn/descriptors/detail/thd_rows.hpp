@@ -7,109 +7,73 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <vector>
+#include <span>
+#include <string>
 
 #include "seqattn/core/error.hpp"
+#include "seqattn/core/segment_runs.hpp"
 #include "seqattn/core/tensor.hpp"
 #include "seqattn/descriptors/detail/rows.hpp"
 #include "seqattn/descriptors/types.hpp"
 
 namespace seqattn::detail {
 
-// A row of ids or positions; Unit = the token axis is contiguous.
-template <bool Unit>
-struct RowPtr {
-  const std::int32_t* p;
-  index_t step;
-  std::int32_t operator[](index_t t) const { return Unit ? p[t] : p[t * step]; }
-};
-
-// Runs of one side of one row, indexed by segment id 1..count.
+// The runs of one side of one row. The descriptor rules on top of the shared
+// parser (core/segment_runs.hpp): ids number the runs 1, 2, 3, ... in order
+// of appearance and stay <= max_segments_per_seq, so run s-1 is segment id s.
 struct SegmentRuns {
-  std::vector<index_t> begin, end;             // token range of the run
-  std::vector<std::int32_t> min_pos, max_pos;  // over the run
+  SegmentRunParser parser;
+  std::span<const ParsedRun> runs;
   int count = 0;
 
-  void reserve(int max_segments) {
-    const auto n = static_cast<std::size_t>(max_segments) + 1;
-    begin.resize(n);
-    end.resize(n);
-    min_pos.resize(n);
-    max_pos.resize(n);
-  }
-  index_t run_length(int s) const { return end[static_cast<std::size_t>(s)] - begin[static_cast<std::size_t>(s)]; }
+  // A row has at most min(max_segments, tokens) runs: room for them all
+  // up front keeps the parse free of reallocation.
+  void reserve(int max_segments, index_t len) { parser.reserve(std::min<index_t>(max_segments, len)); }
+  const ParsedRun& operator[](int s) const { return runs[static_cast<std::size_t>(s - 1)]; }  // segment id s
+  index_t run_length(int s) const { return (*this)[s].length(); }
 };
 
-[[noreturn]] inline void throw_bad_segment_id(const RowSource& ids, index_t row, index_t t, std::int32_t v,
-                                              const SegmentRuns& runs, int max_segments) {
-  const std::string at = concat(ids.where(row), ", token ", t, ": ");
-  if (v < 0) throw_invalid(at, "negative segment id ", v, " (0 is padding, real ids start at 1)");
-  if (v <= runs.count) {
-    throw_invalid(at, "segment id ", v, " appears again after its run ended at token ",
-                  runs.end[static_cast<std::size_t>(v)] - 1,
-                  "; each segment must be one contiguous run (padding only between segments)");
-  }
-  if (v != runs.count + 1) {
-    throw_invalid(at, "segment id ", v, " follows ", runs.count == 0 ? "the row start" : "segment ",
-                  runs.count == 0 ? std::string() : std::to_string(runs.count), "; expected id ", runs.count + 1,
-                  ": ids must number the segments of a row 1, 2, 3, ... in order of appearance");
-  }
-  throw_invalid(at, "segment id ", v, " exceeds max_segments_per_seq=", max_segments,
-                " (TE would silently drop its tokens)");
-}
+// "q_segment_ids of shape (1, 4), row 0" for the errors of one row.
+struct RowWhere {
+  const RowSource* src;
+  index_t row;
+  std::string operator()() const { return src->where(row); }
+};
 
-inline constexpr index_t kScanBlock = 32;
+// TE's preconditions (docs/semantics/sequence-descriptors.md §7.2), on top
+// of the shared rules R1-R5.
+struct DescriptorRunRules : StandardRunRules<RowWhere> {
+  int max_segments = 1;
+
+  // Called per run: the check stays inline, the wording out of line.
+  void on_run_start(std::int32_t v, index_t t, std::int32_t, index_t before) const {
+    if (v == static_cast<std::int32_t>(before) + 1 && v <= max_segments) [[likely]]
+      return;
+    bad_run_start(v, t, before);
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void bad_run_start(std::int32_t v, index_t t, index_t before) const {
+    const auto count = static_cast<std::int32_t>(before);
+    const std::string at = concat(where(), ", token ", t, ": ");
+    if (v != count + 1) {
+      throw_invalid(at, "segment id ", v, " follows ", count == 0 ? "the row start" : "segment ",
+                    count == 0 ? std::string() : std::to_string(count), "; expected id ", count + 1,
+                    ": ids must number the segments of a row 1, 2, 3, ... in order of appearance");
+    }
+    throw_invalid(at, "segment id ", v, " exceeds max_segments_per_seq=", max_segments,
+                  " (TE would silently drop its tokens)");
+  }
+};
 
 // Pass 1: validates the ids of a row and records each segment's run and, if
 // WithPositions, its position range (self-attention needs no positions).
 template <bool WithPositions, bool Unit>
 void scan_runs(RowPtr<Unit> ids, RowPtr<Unit> pos, index_t len, SegmentRuns& runs, const RowSource& ids_src,
                index_t src_row, int max_segments) {
-  runs.count = 0;
-  index_t t = 0;
-  while (t < len) {
-    const std::int32_t v = ids[t];
-    if (v == 0) {
-      ++t;
-      continue;
-    }
-    if (v != runs.count + 1 || v > max_segments) throw_bad_segment_id(ids_src, src_row, t, v, runs, max_segments);
-    const index_t first = t;
-    std::int32_t lo = 0, hi = 0;
-    if constexpr (WithPositions) lo = hi = pos[t];
-    ++t;
-    if constexpr (Unit) {
-      // Whole blocks inside the run, branch-free so the compiler vectorizes
-      // them; a probe of the block's last token skips blocks where the run
-      // visibly ends (short segments), which are done token by token.
-      while (t + kScanBlock <= len && ids[t + kScanBlock - 1] == v) {
-        std::int32_t differs = 0, block_lo = lo, block_hi = hi;
-        for (index_t k = 0; k < kScanBlock; ++k) {
-          differs |= ids[t + k] ^ v;
-          if constexpr (WithPositions) {
-            block_lo = std::min(block_lo, pos[t + k]);
-            block_hi = std::max(block_hi, pos[t + k]);
-          }
-        }
-        if (differs != 0) break;
-        lo = block_lo;
-        hi = block_hi;
-        t += kScanBlock;
-      }
-    }
-    for (; t < len && ids[t] == v; ++t) {
-      if constexpr (WithPositions) {
-        lo = std::min(lo, pos[t]);
-        hi = std::max(hi, pos[t]);
-      }
-    }
-    const auto s = static_cast<std::size_t>(v);
-    runs.begin[s] = first;
-    runs.end[s] = t;
-    runs.min_pos[s] = lo;
-    runs.max_pos[s] = hi;
-    runs.count = v;
-  }
+  DescriptorRunRules rules{{RowWhere{&ids_src, src_row}}, max_segments};
+  runs.reserve(max_segments, len);  // allocates on the first row only
+  constexpr RunPositions kPositions = WithPositions ? RunPositions::range : RunPositions::none;
+  runs.runs = runs.parser.parse<kPositions>(ids, pos, len, rules);
+  runs.count = static_cast<int>(runs.runs.size());
 }
 
 // The active tokens of a run: those whose position lies in [lo, hi]. Returns
@@ -122,10 +86,10 @@ struct ActiveRange {
 template <bool Unit>
 ActiveRange active_range(RowPtr<Unit> pos, const SegmentRuns& runs, int s, std::int64_t lo, std::int64_t hi,
                          const RowSource& pos_src, index_t src_row, AttnMaskType mask) {
-  const auto si = static_cast<std::size_t>(s);
-  const index_t b = runs.begin[si], e = runs.end[si];
-  if (lo <= runs.min_pos[si] && runs.max_pos[si] <= hi) return {b, e - b};  // whole run attends
-  if (lo > runs.max_pos[si] || hi < runs.min_pos[si]) return {};            // nothing attends
+  const ParsedRun& run = runs[s];
+  const index_t b = run.begin, e = run.end;
+  if (lo <= run.min_pos && run.max_pos <= hi) return {b, e - b};  // whole run attends
+  if (lo > run.max_pos || hi < run.min_pos) return {};            // nothing attends
   // Trimming is usually a prefix or suffix: find the first and last active
   // token by short scans, then count (vectorizable) in between.
   // Past the early returns lo <= max_pos and hi >= min_pos, so both fit int32.
@@ -152,7 +116,7 @@ ActiveRange active_range(RowPtr<Unit> pos, const SegmentRuns& runs, int s, std::
 inline constexpr std::int64_t kNoLimitLow = std::numeric_limits<std::int64_t>::min();
 inline constexpr std::int64_t kNoLimitHigh = std::numeric_limits<std::int64_t>::max();
 
-// Reference (mask-defined) semantics of spec §2.6 for one row of q and kv:
+// Reference (mask-defined) semantics (docs/semantics/sequence-descriptors.md §2.6) for one row of q and kv:
 // a token is active iff some token of the other side with the same id is
 // allowed by the mask; seqlens count active tokens, offsets are the first
 // active token. Slot k describes segment id k+1 on both outputs.
@@ -178,9 +142,8 @@ void thd_row(RowPtr<QUnit> q_ids, RowPtr<QUnit> q_pos, RowPtr<KvUnit> kv_ids, Ro
     // itself, so every segment is active whole, positions do not matter and
     // one scan of the ids suffices.
     for (int s = 1; s <= q_runs.count; ++s) {
-      const auto si = static_cast<std::size_t>(s);
       out.q_seqlens[s - 1] = out.kv_seqlens[s - 1] = static_cast<std::int32_t>(q_runs.run_length(s));
-      out.q_offsets[s - 1] = out.kv_offsets[s - 1] = static_cast<std::int32_t>(q_runs.begin[si]);
+      out.q_offsets[s - 1] = out.kv_offsets[s - 1] = static_cast<std::int32_t>(q_runs[s].begin);
     }
     return;
   }
@@ -189,14 +152,13 @@ void thd_row(RowPtr<QUnit> q_ids, RowPtr<QUnit> q_pos, RowPtr<KvUnit> kv_ids, Ro
   const bool causal = is_causal(mask), bottom_right = is_bottom_right(mask);
   const int shared = std::min(q_runs.count, kv_runs.count);  // segments present on both sides
   for (int s = 1; s <= shared; ++s) {
-    const auto si = static_cast<std::size_t>(s);
     // q token i attends iff pos_q[i] >= q_lo; kv token j is attended iff pos_kv[j] <= kv_hi.
     std::int64_t q_lo = kNoLimitLow, kv_hi = kNoLimitHigh;
     if (causal) {
       // Top-left: pos_q >= pos_kv. Bottom-right: rl_q - pos_q <= rl_kv - pos_kv.
       const std::int64_t shift = bottom_right ? q_runs.run_length(s) - kv_runs.run_length(s) : 0;
-      q_lo = shift + kv_runs.min_pos[si];
-      kv_hi = q_runs.max_pos[si] - shift;
+      q_lo = shift + kv_runs[s].min_pos;
+      kv_hi = q_runs[s].max_pos - shift;
     }
     const ActiveRange q = active_range(q_pos, q_runs, s, q_lo, kNoLimitHigh, src[2], source_row(src[2], out_row), mask);
     const ActiveRange kv =

@@ -1,6 +1,7 @@
 // DeepSeek-V3.2 sparse attention with its lightning indexer: every query keeps
 // the k keys with the highest index score sum_h ReLU(q_h . k) w_h (causal, ties
-// to the lower index) and attends to those only. Shows the spec's vectors, the
+// to the lower index) and attends to those only. Shows the test vectors of
+// docs/semantics/multi-item-topk-kascade.md §B.7, the
 // parity of the engine path against a brute-force oracle, the two ways to build
 // the mask, and the speed against dense causal attention.
 #include <algorithm>
@@ -18,7 +19,7 @@ using seqattn::examples::best_ms;
 using namespace seqattn::scenarios::dsa;
 
 int main() {
-  // 1. The spec's small vectors.
+  // 1. The small test vectors (TV-B5, TV-B1, TV-B4).
   {
     const Tensor<float> q(Extents{1, 2, 2}, std::vector<float>{1, 0, 0, 1});
     const Tensor<float> k(Extents{2, 2}, std::vector<float>{1, 1, -1, 2});

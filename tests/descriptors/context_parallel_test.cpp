@@ -1,4 +1,4 @@
-// Context-parallel reordering: the spec's vectors (§2.10, D7), exact inverse
+// Context-parallel reordering: the vectors of docs/semantics/sequence-descriptors.md §2.10 (and D7, §6), exact inverse
 // along any axis, and argument errors.
 #include <cstdint>
 #include <random>

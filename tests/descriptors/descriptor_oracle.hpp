@@ -1,6 +1,7 @@
 // Test support for descriptors: small tensor builders and a brute-force
-// oracle that follows the spec literally (dense allow mask per row, row_ids /
-// col_ids, TE's P; TE's packing), independent of the library's O(T) path.
+// oracle that follows docs/semantics/sequence-descriptors.md literally (dense
+// allow mask per row, row_ids / col_ids, TE's P; TE's packing), independent of
+// the library's O(T) path. Section numbers (§) below refer to that file.
 #pragma once
 
 #include <algorithm>

@@ -220,7 +220,8 @@ TEST_CASE("THD descriptors equal the dense-mask oracle on random cross-attention
 TEST_CASE("Attention implied by the packed descriptor equals the dense reference mask, windows included") {
   // Positions 0..L-1 in every segment (what TE's generators and real packers
   // produce): then a kernel working on local indices inside each packed
-  // segment (§4.2) must reproduce SEG & TYPE & SWA of §4.1 token for token.
+  // segment (docs/semantics/sequence-descriptors.md §4.2) must reproduce SEG &
+  // TYPE & SWA of §4.1 token for token.
   std::mt19937 rng(7);
   for (int iter = 0; iter < 400; ++iter) {
     const AttnMaskType mask = kMasks[iter % 6];

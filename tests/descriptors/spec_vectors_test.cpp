@@ -1,4 +1,4 @@
-// The worked vectors E1-E11 of specs/sequence-descriptors.md §5. Where TE's
+// The worked vectors E1-E11 of docs/semantics/sequence-descriptors.md §5. Where TE's
 // result differs from the reference (slow path) semantics, the test asserts
 // the reference result and says so in its name.
 #include <cstdint>
@@ -283,7 +283,7 @@ TEST_CASE("E11: mask predicates of the dense reference and of the kernel reading
     for (int i = 0; i < c.q_len; ++i) q.pos.push_back(i);
     for (int j = 0; j < c.kv_len; ++j) kv.pos.push_back(j);
     const auto dense = seqattn::testing::dense_mask(q, kv, c.mask, &c.window);
-    // The kernel's view (§4.2): local indices inside the packed segment.
+    // The kernel's view (docs/semantics/sequence-descriptors.md §4.2): local indices inside the packed segment.
     const auto d =
         derive_cross(seqattn::testing::make({1, c.q_len}, q.ids), seqattn::testing::make({1, c.q_len}, q.pos),
                      seqattn::testing::make({1, c.kv_len}, kv.ids), seqattn::testing::make({1, c.kv_len}, kv.pos),

@@ -84,7 +84,7 @@ TEST_CASE("Segment ids must be contiguous runs with consistent shapes") {
   const std::vector<std::int32_t> kv{1, 1, 2, 2, 2, 2};
   CHECK_THROWS_WITH(DocumentLayout::from_segment_ids(view(ids, {2, 2}), view(kv, {3, 2}), {}, {}),
                     Contains("q_segment_ids (2, 2) and kv_segment_ids (3, 2) must agree in every dim but the last"));
-  // Positions: trailing shape, rank, consecutive within a run (TE PR #2692 rules).
+  // Positions: trailing shape, rank, consecutive within a run (docs/semantics/sequence-descriptors.md §3, §7.3).
   const std::vector<std::int32_t> pos{0, 1, 0, 1};
   CHECK_NOTHROW(DocumentLayout::from_segment_ids(view(ids, {1, 1, 4}), view(pos, {1, 4})));
   CHECK_THROWS_WITH(DocumentLayout::from_segment_ids(view(ids, {1, 4}), view(pos, {1, 1, 4})),

@@ -414,7 +414,7 @@ TEST_CASE("Multi-item masks match the spec vectors (TV-A1, TV-A2, TV-A3)") {
     const auto rows = matrix(multi_item_mask(l), 0, 8);
     CHECK(rows == std::vector<std::string>{"10000000", "11000000", "11100000", "11110000", "11111000", "11111100",
                                            "11100010", "11100011"});
-    // The v2 JIT dense builder's leak (§A.13.1) must not be reproduced.
+    // The v2 JIT dense builder's leak (docs/semantics/multi-item-topk-kascade.md §A.13.1) must not be reproduced.
     CHECK(rows[6] != "11111110");
     CHECK(rows[7] != "11111001");
     // Same layout from lengths.

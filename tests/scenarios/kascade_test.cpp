@@ -50,7 +50,8 @@ TEST_CASE("TV-C3: budget") {
 }
 
 TEST_CASE("TV-C3: pooling over keys before the tile, selection and reuse key sets") {
-  // T = 2, Lq = Lk = 6, one head per group, k = 2; rows 4 and 5 are the spec's, earlier rows arbitrary.
+  // T = 2, Lq = Lk = 6, one head per group, k = 2; rows 4 and 5 are TV-C3's (docs/semantics/multi-item-topk-kascade.md
+  // §C.5), earlier rows arbitrary.
   Tensor<float> p(Extents{1, 6, 6});
   const std::vector<std::vector<float>> rows{{1, 0, 0, 0, 0, 0},
                                              {0.5f, 0.5f, 0, 0, 0, 0},

@@ -28,7 +28,7 @@ Tensor<std::int32_t> random_ids(const Extents& shape, SplitMix64& rng) {
   return ids;
 }
 
-// TE's dense reference (§4.1) for row r: same id, non-zero, pos_q >= pos_kv.
+// TE's dense reference (docs/semantics/sequence-descriptors.md §4.1) for row r: same id, non-zero, pos_q >= pos_kv.
 void check_against_oracle(const AttentionOutput& got, const Tensor<float>& q, const Tensor<float>& k,
                           const Tensor<float>& v, const Tensor<std::int32_t>& ids, const Tensor<std::int32_t>& pos,
                           float scale) {

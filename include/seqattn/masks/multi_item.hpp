@@ -1,4 +1,4 @@
-// Multi-item scoring (sglang-jax PR #912, spec multi-item-topk-kascade.md
+// Multi-item scoring (sglang-jax PR #912, docs/semantics/multi-item-topk-kascade.md
 // §A.3): one packed sequence `query ‖ d ‖ item_1 ‖ d ‖ … ‖ item_n ‖ d` scores
 // n items against one shared prefix. With prefix_end = |query| + 1 (the query
 // and the first delimiter) and seg_start(q) the first token of q's item (each

@@ -15,7 +15,7 @@
 // The segment predicate (what a kernel computes from the metadata) is
 //   q < prefix_end ? kv <= q : kv < prefix_end || seg_start(q) <= kv <= q
 // which is causal-document attention when prefix_end = 0 and the
-// multi-item rule of §A.3 otherwise.
+// multi-item rule of docs/semantics/multi-item-topk-kascade.md §A.3 otherwise.
 #pragma once
 
 #include <cstdint>

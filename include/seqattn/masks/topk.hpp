@@ -1,5 +1,5 @@
-// Top-k index masks (DeepSeek-V3.2 DSA lightning indexer, spec
-// multi-item-topk-kascade.md §B.3): each query row attends to its own set of
+// Top-k index masks (DeepSeek-V3.2 DSA lightning indexer,
+// docs/semantics/multi-item-topk-kascade.md §B.3): each query row attends to its own set of
 // at most k keys.
 //
 // Indices have shape (*E, B, t, k), int32, one set per query row of each

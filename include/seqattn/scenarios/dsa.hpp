@@ -1,5 +1,5 @@
-// DeepSeek-V3.2 sparse attention ("DSA") with its lightning indexer (spec
-// multi-item-topk-kascade.md, part B), as MaxText runs it in training/prefill.
+// DeepSeek-V3.2 sparse attention ("DSA") with its lightning indexer
+// (docs/semantics/multi-item-topk-kascade.md, part B), as MaxText runs it in training/prefill.
 //
 //   score[i, j] = sum_h ReLU(q[i, h, :] . k[j, :]) * w[i, h]     for keys j the base mask A allows (B.2)
 //   selected(i) = top-k of score[i, :] over allowed keys: descending score, equal scores lowest index first
@@ -13,7 +13,7 @@
 //
 // Two ways to turn top-k indices into a mask are kept so the bench can compare them: scatter (fill, then
 // set k entries per row: O(t (s + k))) and MaxText's old broadcast-compare (O(t k s)). The exact-k
-// threshold rule of PR #4437 is here too, for the spec's tie vectors; select_topk uses it after an
+// threshold rule of PR #4437 is here too, for the tie vectors TV-B1..B3 (§B.7); select_topk uses it after an
 // nth_element, which gives jax.lax.top_k's set in O(s) per row.
 //
 // Execution (sparse_attention): the selection becomes the library's TopKMask over the full K/V, so the engine

@@ -1,5 +1,5 @@
 // Kascade sparse attention, with the paper's semantics (arXiv 2512.16391,
-// microsoft/kascade `KascadeStrategy`; spec multi-item-topk-kascade.md C.1) —
+// microsoft/kascade `KascadeStrategy`; docs/semantics/multi-item-topk-kascade.md §C.1) —
 // not the TPU fork's key-tile heuristics (C.2, C.3).
 //
 // Queries are cut into tiles of T = 32. An ANCHOR layer computes the exact

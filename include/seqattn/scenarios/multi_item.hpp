@@ -1,5 +1,5 @@
-// Multi-item scoring (spec multi-item-topk-kascade.md, part A): score many
-// candidate items against one query in a single packed forward pass.
+// Multi-item scoring (docs/semantics/multi-item-topk-kascade.md, part A; bare section ids below refer to it): score
+// many candidate items against one query in a single packed forward pass.
 //
 //   tokens     query ‖ d ‖ item_1 ‖ d ‖ item_2 ‖ … ‖ d ‖ item_n ‖ d      (n+1 delimiters d)
 //   positions  0..L-1 for the query; every later token sits at L + (distance to the last delimiter at or before it),

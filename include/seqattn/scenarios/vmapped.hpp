@@ -1,4 +1,4 @@
-// Vmapped sequence descriptors end to end (spec sequence-descriptors.md §3,
+// Vmapped sequence descriptors end to end (docs/semantics/sequence-descriptors.md §3,
 // TransformerEngine issue #2685 / PR #2692).
 //
 // A function vmapped over V examples sees segment ids with an extra leading
@@ -15,7 +15,7 @@
 //         SegmentTable over the flat prod(E)*B*S token axis, and every segment
 //         is a causal sequence of its own.
 //
-// Both equal TE's dense reference (§4.1): token i sees j iff they are in the
+// Both equal TE's dense reference (§4.1 there): token i sees j iff they are in the
 // same row, ids[i] == ids[j] != 0 and pos[i] >= pos[j]. Padding tokens (id 0)
 // get output 0 and LSE -inf.
 //

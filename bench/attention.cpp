@@ -183,6 +183,58 @@ void BM_DecodeGqa8HeadMajor(benchmark::State& state) {
 BENCHMARK_TEMPLATE(BM_DecodeGqa8HeadMajor, float)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
 BENCHMARK_TEMPLATE(BM_DecodeGqa8, bfloat16)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
 
+// Backward pass, causal, d = 128, 8 heads; args: sequence length, threads.
+// Reports the backward time over the forward time (FlashAttention-2's goal
+// is about 2.5x) and GFLOP/s counting 2.5x the forward's FLOPs, as
+// FlashAttention does, against the FMA peak measured in this binary.
+template <class T>
+void BM_BackwardCausal(benchmark::State& state) {
+  const index_t s = state.range(0), heads = 8, d = 128;
+  const int threads = static_cast<int>(state.range(1));
+  const auto q = random_tensor<T>({1, s, heads, d}, 1);
+  const auto k = random_tensor<T>({1, s, heads, d}, 2);
+  const auto v = random_tensor<T>({1, s, heads, d}, 3);
+  const auto dout = random_tensor<T>({1, s, heads, d}, 4);
+  Tensor<T> out({1, s, heads, d}), dq({1, s, heads, d}), dk({1, s, heads, d}), dv({1, s, heads, d});
+  Tensor<float> lse({1, heads, s});
+  const AttentionInputs<T> in{q.view(), k.view(), v.view()};
+  PlanOptions options;
+  options.backward = true;
+  const auto plan = plan_attention<backends::Highway>(shape_of(in), CausalMask{}, options, threads);
+  execution::ThreadPool pool(threads);
+  double forward_s = 0, backward_s = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    attention_forward(plan, in, out.view(), lse.view(), pool);
+    const auto t1 = std::chrono::steady_clock::now();
+    attention_backward(plan, in, out.view(), lse.view(), dout.view(), dq.view(), dk.view(), dv.view(), pool);
+    const auto t2 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(dq.data());
+    forward_s += std::chrono::duration<double>(t1 - t0).count();
+    backward_s += std::chrono::duration<double>(t2 - t1).count();
+    state.SetIterationTime(std::chrono::duration<double>(t2 - t1).count());
+  }
+  const auto n = static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  const double forward_flops = 2.0 * static_cast<double>(heads * (d + d)) * allowed_pairs(CausalMask{}, s, s);
+  const double gflops = 2.5 * forward_flops * 1e-9 / (backward_s / n);
+  const auto& lim = bench::limits();
+  state.counters["fwd_ms"] = forward_s / n * 1e3;
+  state.counters["bwd_over_fwd"] = backward_s / forward_s;
+  state.counters["GFLOPs"] = gflops;
+  state.counters["peak_frac"] = gflops / (threads == 1 ? lim.fma_gflops_1t : lim.fma_gflops_all);
+  state.SetLabel(std::string(backends::Highway::target()) + (std::is_same_v<T, float> ? " f32" : " bf16"));
+}
+BENCHMARK_TEMPLATE(BM_BackwardCausal, float)
+    ->ArgsProduct({{4096, 16384}, {2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime()
+    ->Iterations(2);
+BENCHMARK_TEMPLATE(BM_BackwardCausal, bfloat16)
+    ->ArgsProduct({{4096, 16384}, {2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime()
+    ->Iterations(2);
+
 // Eight layers of one forward pass share a mask: with one AttentionPlan the
 // BlockMask and the work partition are built once (arg 1), with the one-call
 // API once per layer (arg 0). 16 documents in 4096 tokens, 8 heads, d = 128,

@@ -19,6 +19,9 @@ struct PlanOptions {
   // a description (see BlockMaskOptions); without them partial tiles are
   // masked through the description's element predicate.
   bool store_tile_bits = true;
+  // Also plan the backward pass (attention_backward): the key-major task
+  // list, from the BlockMask's transpose.
+  bool backward = false;
 };
 
 // Options of the one-call attention_forward(inputs, mask, out, lse, options):

@@ -17,6 +17,10 @@
 //       optional fast form of `score` over a tile of the CPU engine; must
 //       agree with `score` (tests check it). It may use the Kernel's element-
 //       wise operations (softcap's tanh).
+//   float score_grad(float s, const ScoreIndex&) const
+//       d score / d s at s: what the backward pass needs from a variant
+//       with a score hook (attention_backward refuses a variant that has
+//       `score` but no `score_grad` at compile time). 1 for additive ones.
 //   float sink(index_t head) const [+ bool has_sink() const]
 //       a logit per query head that joins every row's denominator without a
 //       value (attention sinks); has_sink() may switch it off at run time.
@@ -56,25 +60,32 @@ struct ScoreIndex {
   index_t kv_len = 0;
 };
 
-// A tile of scores of the CPU tiled engine, transposed: the score of row r
-// (a query of some head) and column j (key kv_begin + j) is
-// scores[j * stride + r]. Rows [rows, rows_padded) are padding: computing on
-// them is allowed, their results are dropped.
+// A tile of scores of the CPU tiled engine: the score at lane r and column j
+// is scores[j * stride + r]. In the forward layout lanes are rows (a query of
+// some head: row_q[r], row_head[r]) and columns are keys kv_begin + j; with
+// keys_on_lanes (the backward pass's key-major tiles) lanes are keys
+// kv_begin + r and columns are rows (row_q[j], row_head[j]). Lanes
+// [rows, rows_padded) are padding: computing on them is allowed, their
+// results are dropped.
 struct ScoreTile {
   float* scores = nullptr;
   index_t stride = 0;
-  index_t rows = 0;
+  index_t rows = 0;  // lanes
   index_t rows_padded = 0;
   index_t cols = 0;
-  const index_t* row_q = nullptr;     // row -> sequence-local query
-  const index_t* row_head = nullptr;  // row -> query head
+  const index_t* row_q = nullptr;     // query row -> sequence-local query
+  const index_t* row_head = nullptr;  // query row -> query head
   index_t batch = 0;
   index_t kv_begin = 0;
   index_t q_len = 0;
   index_t kv_len = 0;
+  bool keys_on_lanes = false;
 
   float& at(index_t r, index_t j) const { return scores[j * stride + r]; }
-  ScoreIndex index(index_t r, index_t j) const { return {batch, row_head[r], row_q[r], kv_begin + j, q_len, kv_len}; }
+  ScoreIndex index(index_t r, index_t j) const {
+    if (keys_on_lanes) return {batch, row_head[j], row_q[j], kv_begin + r, q_len, kv_len};
+    return {batch, row_head[r], row_q[r], kv_begin + j, q_len, kv_len};
+  }
 };
 
 template <class V>
@@ -84,6 +95,10 @@ concept HasScaleHook = requires(const V& v, index_t dk) {
 template <class V>
 concept HasScoreHook = requires(const V& v, float s, const ScoreIndex& at) {
   { v.score(s, at) } -> std::convertible_to<float>;
+};
+template <class V>
+concept HasScoreGradHook = requires(const V& v, float s, const ScoreIndex& at) {
+  { v.score_grad(s, at) } -> std::convertible_to<float>;
 };
 template <class V, class Kernel>
 concept HasTileScoreHook = requires(const V& v, const ScoreTile& t) {
@@ -168,6 +183,11 @@ struct Softcap {
   float cap = 0.0f;
 
   float score(float s, const ScoreIndex&) const { return cap > 0.0f ? cap * std::tanh(s / cap) : s; }
+  float score_grad(float s, const ScoreIndex&) const {
+    if (!(cap > 0.0f)) return 1.0f;
+    const float t = std::tanh(s / cap);
+    return 1.0f - t * t;
+  }
   template <class Kernel>
   void transform_scores(const ScoreTile& t) const {
     if (!(cap > 0.0f)) return;
@@ -208,6 +228,7 @@ struct Alibi {
     const index_t distance = std::abs(at.q + at.kv_len - at.q_len - at.kv);
     return s - slopes[static_cast<std::size_t>(at.head)] * static_cast<float>(distance);
   }
+  float score_grad(float, const ScoreIndex&) const { return 1.0f; }
   void check(const AttentionShape& shape) const {
     detail::require(static_cast<index_t>(slopes.size()) == shape.heads,
                     "attention: ALiBi needs one slope per query head (", shape.heads, "), got ", slopes.size());
@@ -221,19 +242,30 @@ struct Bias {
   float score(float s, const ScoreIndex& at) const {
     return s + static_cast<float>(bias(at.batch, at.head, at.q, at.kv));
   }
+  float score_grad(float, const ScoreIndex&) const { return 1.0f; }
 };
 template <class F>
 Bias(F) -> Bias<F>;
 
 // Any score modification, in the spirit of flex_attention's score_mod:
-// fn(score, batch, head, q, kv) -> new score (-inf excludes the pair).
-template <class F>
+// fn(score, batch, head, q, kv) -> new score (-inf excludes the pair), and
+// optionally its derivative grad(score, batch, head, q, kv) -> d new / d score
+// for the backward pass.
+struct NoScoreGrad {};
+
+template <class F, class G = NoScoreGrad>
 struct ScoreMod {
   F fn;
+  G grad{};
   float score(float s, const ScoreIndex& at) const { return static_cast<float>(fn(s, at.batch, at.head, at.q, at.kv)); }
+  float score_grad(float s, const ScoreIndex& at) const requires(!std::is_same_v<G, NoScoreGrad>) {
+    return static_cast<float>(grad(s, at.batch, at.head, at.q, at.kv));
+  }
 };
 template <class F>
 ScoreMod(F) -> ScoreMod<F>;
+template <class F, class G>
+ScoreMod(F, G) -> ScoreMod<F, G>;
 
 // Several variants applied in order: scale from the first that sets one,
 // score hooks one after another, at most one sink.
@@ -268,6 +300,22 @@ struct Chain {
         },
         parts);
     return s;
+  }
+  float score_grad(float s, const ScoreIndex& at) const
+      requires((HasScoreHook<Vs> || ...) && ((!HasScoreHook<Vs> || HasScoreGradHook<Vs>)&&...)) {
+    float g = 1.0f;
+    std::apply(
+        [&](const auto&... v) {
+          auto one = [&](const auto& part) {
+            if constexpr (HasScoreHook<std::decay_t<decltype(part)>>) {
+              g *= part.score_grad(s, at);
+              s = part.score(s, at);
+            }
+          };
+          (one(v), ...);
+        },
+        parts);
+    return g;
   }
   template <class Kernel>
   void transform_scores(const ScoreTile& t) const requires(HasScoreHook<Vs> || ...) {
@@ -318,6 +366,7 @@ struct Standard {
     return std::isnan(scale_value) ? 1.0f / std::sqrt(static_cast<float>(dk)) : scale_value;
   }
   float score(float s, const ScoreIndex& at) const { return softcap.score(s, at); }
+  float score_grad(float s, const ScoreIndex& at) const { return softcap.score_grad(s, at); }
   template <class Kernel>
   void transform_scores(const ScoreTile& t) const {
     softcap.transform_scores<Kernel>(t);

@@ -316,6 +316,49 @@ struct FlashKernel {
     for (index_t r = 0; r < rows_p; r += kLanes) SoftmaxRows<D>(st, cols, r, m, l, alpha);
   }
 
+  // ---- Backward: P = exp(S - lse), dS = P * (dP - delta) (see ScalarKernel) ---
+  // lse/delta per lane (lanes) or per column (columns); lanes are rows_p,
+  // a multiple of the row alignment, so whole vectors are read and written.
+  template <class DT>
+  static HWY_INLINE void SoftmaxBackwardVec(const DT d, float* HWY_RESTRICT s, float* HWY_RESTRICT dp, hn::Vec<DT> lse,
+                                            hn::Vec<DT> delta) {
+    const auto p = hn::Exp(d, hn::Sub(hn::LoadU(d, s), lse));
+    hn::StoreU(p, d, s);
+    hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(d, dp), delta)), d, dp);
+  }
+
+  static void softmax_backward_lanes(float* HWY_RESTRICT s, float* HWY_RESTRICT dp, index_t cols, index_t rows_p,
+                                     const float* HWY_RESTRICT lse, const float* HWY_RESTRICT delta) {
+    const hn::CappedTag<float, kRowAlign> d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    for (index_t j = 0; j < cols; ++j) {
+      index_t r = 0;
+      for (; r + N <= rows_p; r += N) {
+        SoftmaxBackwardVec(d, s + j * kBlockQ + r, dp + j * kBlockQ + r, hn::LoadU(d, lse + r),
+                           hn::LoadU(d, delta + r));
+      }
+      for (; r < rows_p; ++r) {
+        const hn::CappedTag<float, 1> d1;
+        SoftmaxBackwardVec(d1, s + j * kBlockQ + r, dp + j * kBlockQ + r, hn::Set(d1, lse[r]), hn::Set(d1, delta[r]));
+      }
+    }
+  }
+
+  static void softmax_backward_columns(float* HWY_RESTRICT s, float* HWY_RESTRICT dp, index_t cols, index_t rows_p,
+                                       const float* HWY_RESTRICT lse, const float* HWY_RESTRICT delta) {
+    const hn::CappedTag<float, kRowAlign> d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    for (index_t j = 0; j < cols; ++j) {
+      const auto lse_j = hn::Set(d, lse[j]), delta_j = hn::Set(d, delta[j]);
+      index_t r = 0;
+      for (; r + N <= rows_p; r += N) SoftmaxBackwardVec(d, s + j * kBlockQ + r, dp + j * kBlockQ + r, lse_j, delta_j);
+      for (; r < rows_p; ++r) {
+        const hn::CappedTag<float, 1> d1;
+        SoftmaxBackwardVec(d1, s + j * kBlockQ + r, dp + j * kBlockQ + r, hn::Set(d1, lse[j]), hn::Set(d1, delta[j]));
+      }
+    }
+  }
+
   // ---- O[r][e] = alpha[r] * O[r][e] + sum_j Pt[j][r] * V[j][e] --------------
   template <int kRows, int kVecs>
   static HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt, index_t cols, const float* HWY_RESTRICT v,

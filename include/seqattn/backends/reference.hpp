@@ -96,6 +96,115 @@ void run_reference_forward(const AttentionProblem<T>& p, const BlockMask& mask, 
   });
 }
 
+// The exact gradient, in double: per row, logits z (variant applied, -inf
+// where masked), P = exp(z - lse) with lse recomputed (sink included), O
+// recomputed, D = dO . O, dP_j = dO . v_j, dS_j = P_j (dP_j - D) dz_j/ds_j;
+// dq = scale sum_j dS_j k_j, dk_j += scale dS_j q, dv_j += P_j dO, and the
+// sink's gradient -sum_rows exp(sink - lse) D.
+template <class T, class V>
+void reference_backward_row(const BackwardProblem<T>& bp, const BlockMask& mask, const V& variant, index_t b, index_t h,
+                            index_t i, double scale, std::vector<double>& dk, std::vector<double>& dv,
+                            double& sink_grad) {
+  const AttentionProblem<T>& p = bp.fwd;
+  const SequenceGeometry& s = p.sequence(b);
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  const index_t kvh = h / p.group;
+  std::vector<double> raw(static_cast<std::size_t>(s.kv_len)), z(raw.size(), neg_inf);
+  std::vector<double> dq(static_cast<std::size_t>(p.dk), 0.0), o(static_cast<std::size_t>(p.dv), 0.0);
+  const MaskContext ctx{b, h, s.q_len, s.kv_len};
+  const T* q = p.q_row(s, i, h);
+  const T* d_o = bp.dout.row(b, i, h);
+  auto at = [&](const T* row, index_t stride, index_t e) { return static_cast<double>(to_float(row[e * stride])); };
+  double top = neg_inf;
+  for (index_t j = 0; j < s.kv_len; ++j) {
+    if (!mask.allowed(ctx, i, j)) continue;
+    double dot = 0.0;
+    for (index_t d = 0; d < p.dk; ++d) dot += at(q, p.q_strides.dim, d) * at(p.k_row(s, j, kvh), p.k_strides.dim, d);
+    raw[static_cast<std::size_t>(j)] = dot * scale;
+    double x = raw[static_cast<std::size_t>(j)];
+    if constexpr (HasScoreHook<V>) x = variant.score(static_cast<float>(x), ScoreIndex{b, h, i, j, s.q_len, s.kv_len});
+    z[static_cast<std::size_t>(j)] = x;
+    top = std::max(top, x);
+  }
+  double sink = neg_inf;
+  if constexpr (HasSinkHook<V>) {
+    if (variant_has_sink(variant)) sink = variant.sink(h);
+  }
+  top = std::max(top, sink);
+  if (top == neg_inf) return;  // nothing allowed, no sink: every gradient of this row is 0
+  double sum = std::exp(sink - top);
+  for (double x : z) sum += std::exp(x - top);
+  const double lse = top + std::log(sum);
+  for (index_t j = 0; j < s.kv_len; ++j) {
+    const double pj = std::exp(z[static_cast<std::size_t>(j)] - lse);
+    for (index_t e = 0; e < p.dv; ++e)
+      o[static_cast<std::size_t>(e)] += pj * at(p.v_row(s, j, kvh), p.v_strides.dim, e);
+  }
+  double delta = 0.0;
+  for (index_t e = 0; e < p.dv; ++e) delta += at(d_o, bp.dout.strides.dim, e) * o[static_cast<std::size_t>(e)];
+  sink_grad -= std::exp(sink - lse) * delta;
+  for (index_t j = 0; j < s.kv_len; ++j) {
+    const double pj = std::exp(z[static_cast<std::size_t>(j)] - lse);
+    if (pj == 0.0) continue;
+    const T* v = p.v_row(s, j, kvh);
+    const T* k = p.k_row(s, j, kvh);
+    double dp = 0.0;
+    for (index_t e = 0; e < p.dv; ++e) dp += at(d_o, bp.dout.strides.dim, e) * at(v, p.v_strides.dim, e);
+    double ds = pj * (dp - delta);
+    if constexpr (HasScoreHook<V>) {
+      ds *= variant.score_grad(static_cast<float>(raw[static_cast<std::size_t>(j)]),
+                               ScoreIndex{b, h, i, j, s.q_len, s.kv_len});
+    }
+    const std::size_t row = static_cast<std::size_t>(j * p.kv_heads + kvh);
+    for (index_t d = 0; d < p.dk; ++d) {
+      dq[static_cast<std::size_t>(d)] += scale * ds * at(k, p.k_strides.dim, d);
+      dk[row * static_cast<std::size_t>(p.dk) + static_cast<std::size_t>(d)] += scale * ds * at(q, p.q_strides.dim, d);
+    }
+    for (index_t e = 0; e < p.dv; ++e) {
+      dv[row * static_cast<std::size_t>(p.dv) + static_cast<std::size_t>(e)] += pj * at(d_o, bp.dout.strides.dim, e);
+    }
+  }
+  T* dst = bp.dq.row(b, i, h);
+  for (index_t d = 0; d < p.dk; ++d) {
+    dst[d * bp.dq.strides.dim] = from_float<T>(static_cast<float>(dq[static_cast<std::size_t>(d)]));
+  }
+}
+
+template <class T, class V>
+void run_reference_backward(const BackwardProblem<T>& bp, const BlockMask& mask, const V& variant) {
+  const AttentionProblem<T>& p = bp.fwd;
+  const double scale = variant_scale(variant, p.dk);
+  std::vector<double> sink_grad(static_cast<std::size_t>(p.heads), 0.0);
+  for (index_t b = 0; b < p.batch(); ++b) {
+    const SequenceGeometry& s = p.sequence(b);
+    std::vector<double> dk(static_cast<std::size_t>(s.kv_len * p.kv_heads * p.dk), 0.0);
+    std::vector<double> dv(static_cast<std::size_t>(s.kv_len * p.kv_heads * p.dv), 0.0);
+    for (index_t h = 0; h < p.heads; ++h) {
+      for (index_t i = 0; i < s.q_len; ++i) {
+        T* dq = bp.dq.row(b, i, h);
+        for (index_t d = 0; d < p.dk; ++d) dq[d * bp.dq.strides.dim] = from_float<T>(0.0f);
+        reference_backward_row(bp, mask, variant, b, h, i, scale, dk, dv, sink_grad[static_cast<std::size_t>(h)]);
+      }
+    }
+    for (index_t j = 0; j < s.kv_len; ++j) {
+      for (index_t kvh = 0; kvh < p.kv_heads; ++kvh) {
+        const auto row = static_cast<std::size_t>(j * p.kv_heads + kvh);
+        T* k = bp.dk.row(b, j, kvh);
+        T* v = bp.dv.row(b, j, kvh);
+        for (index_t d = 0; d < p.dk; ++d) {
+          k[d * bp.dk.strides.dim] =
+              from_float<T>(static_cast<float>(dk[row * static_cast<std::size_t>(p.dk) + static_cast<std::size_t>(d)]));
+        }
+        for (index_t e = 0; e < p.dv; ++e) {
+          v[e * bp.dv.strides.dim] =
+              from_float<T>(static_cast<float>(dv[row * static_cast<std::size_t>(p.dv) + static_cast<std::size_t>(e)]));
+        }
+      }
+    }
+  }
+  for (std::size_t h = 0; h < bp.dsinks.size(); ++h) bp.dsinks[h] = static_cast<float>(sink_grad[h]);
+}
+
 }  // namespace seqattn::detail
 
 namespace seqattn::backends {
@@ -114,6 +223,12 @@ struct Reference {
   static void forward(const AttentionPlan<Backend>& plan, const detail::AttentionProblem<T>& problem, const V& variant,
                       Exec& exec) {
     detail::run_reference_forward(problem, plan.block_mask(), variant, exec);
+  }
+  // Serial whatever the executor: the oracle favours plainness.
+  template <class Backend, class T, class V, class Exec>
+  static void backward(const AttentionPlan<Backend>& plan, const detail::BackwardProblem<T>& problem, const V& variant,
+                       Exec&) {
+    detail::run_reference_backward(problem, plan.block_mask(), variant);
   }
 };
 

@@ -76,6 +76,30 @@ struct ScalarKernel {
     }
   }
 
+  // Backward: P = exp(S - lse), then dP -> dS = P * (dP - delta), with lse
+  // and delta given per lane r (lanes) or per column j (columns). An lse of
+  // +inf gives P = 0 (rows that saw nothing, padding).
+  static void softmax_backward_lanes(float* s, float* dp, index_t cols, index_t rows_p, const float* lse,
+                                     const float* delta) {
+    for (index_t j = 0; j < cols; ++j) {
+      for (index_t r = 0; r < rows_p; ++r) {
+        const float p = std::exp(s[j * kBlockQ + r] - lse[r]);
+        s[j * kBlockQ + r] = p;
+        dp[j * kBlockQ + r] = p * (dp[j * kBlockQ + r] - delta[r]);
+      }
+    }
+  }
+  static void softmax_backward_columns(float* s, float* dp, index_t cols, index_t rows_p, const float* lse,
+                                       const float* delta) {
+    for (index_t j = 0; j < cols; ++j) {
+      for (index_t r = 0; r < rows_p; ++r) {
+        const float p = std::exp(s[j * kBlockQ + r] - lse[j]);
+        s[j * kBlockQ + r] = p;
+        dp[j * kBlockQ + r] = p * (dp[j * kBlockQ + r] - delta[j]);
+      }
+    }
+  }
+
   // St[j][r] = -inf where bit r of key j's row bits is clear.
   static void apply_column_bits(float* st, index_t cols, index_t rows_p, const std::uint8_t* bits,
                                 index_t bytes_per_key) {

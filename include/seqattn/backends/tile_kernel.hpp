@@ -10,6 +10,8 @@
 //   apply_column_bits(st, cols, rows_p, bits, bytes_per_key)  St[j][r] = -inf where bit r of key j is 0
 //   online_softmax(st, cols, rows_p, m, l, alpha)     St -> P, running max/sum, rescale factors
 //   accumulate_pv(pt, rows, cols, v, v_stride, dvp, alpha, o)  O = alpha * O + P V
+//   softmax_backward_lanes(s, dp, cols, rows_p, lse, delta)    P = exp(S - lse[r]), dS = P (dP - delta[r])
+//   softmax_backward_columns(s, dp, cols, rows_p, lse, delta)  the same with lse[j], delta[j]
 //
 // St and Qt have a row stride of kBlockQ; O has dvp floats per row.
 #pragma once
@@ -35,6 +37,8 @@ concept TileKernel = requires(index_t n, const float* cf, float* f, const bfloat
   K::apply_column_bits(f, n, n, bits, n);
   K::online_softmax(f, n, n, f, f, f);
   K::accumulate_pv(cf, n, n, cf, n, n, cf, f);
+  K::softmax_backward_lanes(f, f, n, n, cf, cf);
+  K::softmax_backward_columns(f, f, n, n, cf, cf);
 };
 
 }  // namespace seqattn

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -80,8 +82,8 @@ inline Extents make_extents(std::initializer_list<index_t> dims) {
 // `shape` must be shape_of(in): the inputs are already validated.
 template <class T>
 AttentionProblem<T> make_attention_problem(const AttentionInputs<T>& in, const AttentionShape& shape, TensorView<T> out,
-                                           TensorView<float> lse) {
-  constexpr const char* kWho = "attention_forward: ";
+                                           TensorView<float> lse, const char* who = "attention_forward") {
+  const std::string out_name = concat(who, ": out"), lse_name = concat(who, ": lse");
   const bool packed = shape.layout == Layout::thd;
   const int rank = packed ? 3 : 4;
   AttentionProblem<T> p;
@@ -104,10 +106,10 @@ AttentionProblem<T> make_attention_problem(const AttentionInputs<T>& in, const A
 
   if (!packed) {
     const index_t batch = shape.batch(), sq = in.q.extent(1), skv = in.k.extent(1);
-    require_shape(out, make_extents({batch, sq, p.heads, p.dv}), "attention_forward: out");
+    require_shape(out, make_extents({batch, sq, p.heads, p.dv}), out_name.c_str());
     p.out_strides = strides_of(out);
     if (p.lse) {
-      require_shape(lse, make_extents({batch, p.heads, sq}), "attention_forward: lse");
+      require_shape(lse, make_extents({batch, p.heads, sq}), lse_name.c_str());
       p.lse_strides = {lse.stride(2), lse.stride(1), 0};
     }
     for (index_t b = 0; b < batch; ++b) {
@@ -118,10 +120,10 @@ AttentionProblem<T> make_attention_problem(const AttentionInputs<T>& in, const A
   }
   const SegmentTable& seg = *in.segments;
   const index_t tq = in.q.extent(0);
-  require_shape(out, make_extents({tq, p.heads, p.dv}), "attention_forward: out");
+  require_shape(out, make_extents({tq, p.heads, p.dv}), out_name.c_str());
   p.out_strides = strides_of(out);
   if (p.lse) {
-    require_shape(lse, make_extents({p.heads, tq}), "attention_forward: lse");
+    require_shape(lse, make_extents({p.heads, tq}), lse_name.c_str());
     p.lse_strides = {lse.stride(1), lse.stride(0), 0};
   }
   // Overlapping query ranges would make two segments write the same rows.
@@ -135,10 +137,78 @@ AttentionProblem<T> make_attention_problem(const AttentionInputs<T>& in, const A
   }
   std::sort(ranges.begin(), ranges.end());
   for (std::size_t i = 1; i < ranges.size(); ++i) {
-    require(ranges[i].first >= ranges[i - 1].second, kWho, "segments overlap on the query axis: tokens [",
+    require(ranges[i].first >= ranges[i - 1].second, who, ": segments overlap on the query axis: tokens [",
             ranges[i - 1].first, ", ", ranges[i - 1].second, ") and [", ranges[i].first, ", ", ranges[i].second, ")");
   }
   return p;
+}
+
+// One more [tokens, heads, dim] tensor of a call (out, dout, dq, dk, dv in the
+// backward pass), addressed per sequence like q, k and v above.
+template <class P>
+struct SequenceTensor {
+  P* data = nullptr;
+  TensorStrides strides;
+  std::vector<index_t> base;  // per sequence: element offset of its token 0
+
+  P* row(index_t s, index_t token, index_t head) const {
+    return data + base[static_cast<std::size_t>(s)] + token * strides.token + head * strides.head;
+  }
+};
+
+// `view` must have the shape of q (query side) or k/v (key side) with `dim`
+// as its last extent; `shape` is shape_of(in).
+template <class P, class T>
+SequenceTensor<P> sequence_tensor(TensorView<P> view, const AttentionInputs<T>& in, const AttentionShape& shape,
+                                  bool key_side, index_t dim, const char* name) {
+  const TensorView<const T>& like = key_side ? in.k : in.q;
+  Extents expected = like.shape();
+  expected[expected.rank() - 1] = dim;
+  require_shape(view, expected, name);
+  const int rank = like.rank();
+  SequenceTensor<P> t;
+  t.data = view.data();
+  t.strides = {view.stride(rank - 3), view.stride(rank - 2), view.stride(rank - 1)};
+  for (index_t b = 0; b < shape.batch(); ++b) {
+    index_t token0 = b;  // BSHD: batch entry b
+    if (in.segments) {
+      const auto u = static_cast<std::size_t>(b);
+      token0 = key_side ? in.segments->kv_offsets[u] : in.segments->q_offsets[u];
+    }
+    t.base.push_back(token0 * view.stride(0));
+  }
+  return t;
+}
+
+// The geometry of a backward call: the forward problem's q, k, v and lse,
+// the forward output and its gradient, and the gradients of q, k and v.
+template <class T>
+struct BackwardProblem {
+  AttentionProblem<T> fwd;  // its `out` is the forward output, read only
+  SequenceTensor<const T> dout;
+  SequenceTensor<T> dq, dk, dv;
+  std::span<float> dsinks;  // one per query head, or empty
+};
+
+template <class T>
+BackwardProblem<T> make_backward_problem(const AttentionInputs<T>& in, const AttentionShape& shape,
+                                         TensorView<const T> out, TensorView<const float> lse, TensorView<const T> dout,
+                                         TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
+                                         std::span<float> dsinks) {
+  require(lse.data() != nullptr, "attention_backward: lse is required (the log-sum-exp the forward pass returned)");
+  BackwardProblem<T> bp;
+  // The forward geometry validates out and lse; out is only read here.
+  bp.fwd = make_attention_problem(in, shape, TensorView<T>(const_cast<T*>(out.data()), out.shape(), out.strides()),
+                                  TensorView<float>(const_cast<float*>(lse.data()), lse.shape(), lse.strides()),
+                                  "attention_backward");
+  bp.dout = sequence_tensor(dout, in, shape, false, shape.dv, "attention_backward: dout");
+  bp.dq = sequence_tensor(dq, in, shape, false, shape.dk, "attention_backward: dq");
+  bp.dk = sequence_tensor(dk, in, shape, true, shape.dk, "attention_backward: dk");
+  bp.dv = sequence_tensor(dv, in, shape, true, shape.dv, "attention_backward: dv");
+  require(dsinks.empty() || static_cast<index_t>(dsinks.size()) == shape.heads,
+          "attention_backward: dsinks must hold one value per query head (", shape.heads, "), got ", dsinks.size());
+  bp.dsinks = dsinks;
+  return bp;
 }
 
 }  // namespace seqattn::detail

@@ -26,6 +26,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -154,11 +155,12 @@ RowsView kv_tile(const T* src, const TensorStrides& s, index_t n, index_t width,
 // column bits (a vector of rows per mask load), from the BlockMask's row bits,
 // or from the mask's element predicate when no bits were stored.
 template <class Kernel>
-void mask_tile(const TiledWork& w, const BlockMask& bm, TileRef ref, const ScoreTile& t, index_t q_block) {
+void mask_tile(std::span<const std::uint8_t> column_bits, index_t column_tile_bytes, const BlockMask& bm, TileRef ref,
+               const ScoreTile& t, index_t q_block) {
   constexpr index_t kBq = Kernel::kBlockQ;
   if (ref.tile_id == TileRef::kFull) return;
-  if (ref.tile_id >= 0 && !w.column_bits.empty()) {
-    const std::uint8_t* bits = w.column_bits.data() + static_cast<std::size_t>(ref.tile_id) * w.column_tile_bytes;
+  if (ref.tile_id >= 0 && !column_bits.empty()) {
+    const std::uint8_t* bits = column_bits.data() + static_cast<std::size_t>(ref.tile_id) * column_tile_bytes;
     Kernel::apply_column_bits(t.scores, t.cols, t.rows_padded, bits, kBq / 8);
   } else if (ref.tile_id >= 0) {
     const auto tile_bits = bm.tile_bits(ref.tile_id);
@@ -274,7 +276,7 @@ void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel
           sc.row_head.data() + r0, u.sequence, kv0,          seq.q_len,      seq.kv_len};
       Kernel::scores(sc.qt.get() + r0, t.group_rows_p, p.dk, k.rows, k.stride, cols, tile.scores);
       transform_scores<Kernel>(c.variant, tile);
-      mask_tile<Kernel>(c.w, c.bm, ref, tile, u.q_block);
+      mask_tile<Kernel>(c.w.column_bits, c.w.column_tile_bytes, c.bm, ref, tile, u.q_block);
       Kernel::online_softmax(tile.scores, cols, t.group_rows_p, m + r0, l + r0, sc.alpha.get() + r0);
       const RowsView v = kv_tile<Kernel>(p.v_row(seq, kv0, kv_head), p.v_strides, cols, p.dv, c.w.dvp,
                                          c.v_in_place && many_rows, sc.vbuf.get());

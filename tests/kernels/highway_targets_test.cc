@@ -56,7 +56,12 @@ struct FlashKernelEntry {
   void (*apply_column_bits)(float*, index_t, index_t, const std::uint8_t*, index_t) = nullptr;
   void (*online_softmax)(float*, index_t, index_t, float*, float*, float*) = nullptr;
   void (*accumulate_pv)(const float*, index_t, index_t, const float*, index_t, index_t, const float*, float*) = nullptr;
+  void (*softmax_backward_lanes)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
+  void (*softmax_backward_columns)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
   ForwardFn<float> forward_f32 = nullptr;
+  // Forward, then backward with the same plan; writes dq, dk, dv.
+  void (*backward_f32)(const AttentionInputs<float>&, const BlockMask&, TensorView<const float> dout,
+                       TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, int workers) = nullptr;
   ForwardFn<bfloat16> forward_bf16 = nullptr;
 };
 
@@ -89,6 +94,24 @@ void ForwardOnThisTarget(const AttentionInputs<T>& in, const BlockMask& bm, Tens
   EngineOfThisTarget::forward(plan, problem, variant, pool);
 }
 
+void BackwardOnThisTarget(const AttentionInputs<float>& in, const BlockMask& bm, TensorView<const float> dout,
+                          TensorView<float> dq, TensorView<float> dk, TensorView<float> dv, int workers) {
+  const std::shared_ptr<const BlockMask> borrowed(std::shared_ptr<void>{}, &bm);
+  PlanOptions options;
+  options.backward = true;
+  const auto plan = plan_attention<EngineOfThisTarget>(shape_of(in), borrowed, options, workers);
+  const AttentionShape shape = shape_of(in);
+  Tensor<float> out(dout.shape());
+  const index_t tokens = in.q.extent(1);
+  Tensor<float> lse(Extents{in.q.extent(0), shape.heads, tokens});
+  execution::ThreadPool pool(workers);
+  const variants::Default variant;
+  EngineOfThisTarget::forward(plan, detail::make_attention_problem(in, shape, out.view(), lse.view()), variant, pool);
+  const auto problem = detail::make_backward_problem(in, shape, TensorView<const float>(out.view()),
+                                                     TensorView<const float>(lse.view()), dout, dq, dk, dv, {});
+  EngineOfThisTarget::backward(plan, problem, variant, pool);
+}
+
 kernel_tests::FlashKernelEntry FlashKernelOfThisTarget() {
   using K = FlashKernel;
   kernel_tests::FlashKernelEntry e;
@@ -106,7 +129,10 @@ kernel_tests::FlashKernelEntry FlashKernelOfThisTarget() {
   e.apply_column_bits = &K::apply_column_bits;
   e.online_softmax = &K::online_softmax;
   e.accumulate_pv = &K::accumulate_pv;
+  e.softmax_backward_lanes = &K::softmax_backward_lanes;
+  e.softmax_backward_columns = &K::softmax_backward_columns;
   e.forward_f32 = &ForwardOnThisTarget<float>;
+  e.backward_f32 = &BackwardOnThisTarget;
   e.forward_bf16 = &ForwardOnThisTarget<bfloat16>;
   return e;
 }
@@ -836,6 +862,96 @@ TEST_CASE("the tiled engine on every Highway target matches the Scalar backend",
   check_engine<bfloat16>(ran, CausalMask{}, 1, 130, 130, 4, 2, 128, plain, 2, rng);
   check_engine<bfloat16>(ran, FullMask{}, 1, 1, 600, 8, 1, 80, plain, 2, rng);
   kernel_tests::require_every_target_ran(ran);
+}
+
+TEST_CASE("FlashKernel softmax_backward matches its formula on every Highway target", "[kernels][backward]") {
+  using namespace seqattn;
+  using namespace seqattn::kernel_tests;
+  std::int64_t ran = 0;
+  std::mt19937 rng(311);
+  const index_t bq = any_kernel().block_q;
+  std::uniform_real_distribution<float> score(-20.0f, 5.0f), stat(-2.0f, 10.0f), grad(-3.0f, 3.0f);
+  for (const index_t rows : {1, 3, 9, 33, 64, 100, 128}) {
+    for (const index_t cols : {1, 5, 64, 128}) {
+      std::vector<float> s0(static_cast<std::size_t>(bq * bq)), dp0(s0.size()), lse(static_cast<std::size_t>(bq)),
+          delta(lse.size());
+      for (std::size_t i = 0; i < s0.size(); ++i) {
+        s0[i] = i % 11 == 3 ? -kInf : score(rng);  // masked scores
+        dp0[i] = grad(rng);
+      }
+      for (std::size_t i = 0; i < lse.size(); ++i) {
+        lse[i] = i % 7 == 2 ? kInf : stat(rng);  // rows that saw nothing
+        delta[i] = grad(rng);
+      }
+      for_each_target(ran, [&](const FlashKernelEntry& kernel) {
+        const index_t rows_p = kernel.padded_rows(rows);
+        for (const bool by_lane : {true, false}) {
+          INFO("rows_p = " << rows_p << ", cols = " << cols << (by_lane ? ", per lane" : ", per column"));
+          Buffer s(bq * bq), dp(bq * bq);
+          std::copy(s0.begin(), s0.end(), s.data());
+          std::copy(dp0.begin(), dp0.end(), dp.data());
+          (by_lane ? kernel.softmax_backward_lanes : kernel.softmax_backward_columns)(s.data(), dp.data(), cols, rows_p,
+                                                                                      lse.data(), delta.data());
+          Report rep;
+          for (index_t j = 0; j < cols; ++j) {
+            for (index_t r = 0; r < rows_p; ++r) {
+              const auto i = static_cast<std::size_t>(j * bq + r);
+              const auto k = static_cast<std::size_t>(by_lane ? r : j);
+              const double p = std::exp(double{s0[i]} - lse[k]);
+              const double ds = p * (double{dp0[i]} - delta[k]);
+              rep.expect_near(s[static_cast<index_t>(i)], static_cast<float>(p), 2e-6 * p + 1e-37, at("P", j, r));
+              rep.expect_near(dp[static_cast<index_t>(i)], static_cast<float>(ds), 1e-5 * (p * 6.0) + 1e-37,
+                              at("dS", j, r));
+            }
+          }
+          check_report(rep);
+        }
+      });
+    }
+  }
+  require_every_target_ran(ran);
+}
+
+TEST_CASE("the backward pass on every Highway target matches the Scalar backend", "[kernels][engine][backward]") {
+  using namespace seqattn;
+  using namespace seqattn::kernel_tests;
+  std::mt19937 rng(313);
+  std::int64_t ran = 0;
+  struct Case {
+    index_t sq, skv, heads, kv_heads, d;
+    int workers;
+  };
+  for (const Case c : {Case{150, 170, 4, 2, 64, 2}, Case{70, 90, 2, 1, 80, 1}, Case{3, 300, 8, 1, 128, 2}}) {
+    CAPTURE(c.sq, c.skv, c.heads, c.kv_heads, c.d);
+    const auto q = random_values<float>(detail::make_extents({1, c.sq, c.heads, c.d}), rng);
+    const auto k = random_values<float>(detail::make_extents({1, c.skv, c.kv_heads, c.d}), rng);
+    const auto v = random_values<float>(detail::make_extents({1, c.skv, c.kv_heads, c.d}), rng);
+    const auto dout = random_values<float>(q.shape(), rng);
+    const AttentionInputs<float> in{q.view(), k.view(), v.view()};
+    const auto mask = CausalMask{Alignment::bottom_right} & ~SlidingWindowMask{5, 0, Alignment::bottom_right};
+    PlanOptions options;
+    options.backward = true;
+    const auto plan = plan_attention<backends::Scalar>(shape_of(in), mask, options);
+    Tensor<float> out(q.shape()), lse(detail::make_extents({1, c.heads, c.sq}));
+    attention_forward(plan, in, out.view(), lse.view());
+    Tensor<float> want_dq(q.shape()), want_dk(k.shape()), want_dv(v.shape());
+    attention_backward(plan, in, out.view(), lse.view(), dout.view(), want_dq.view(), want_dk.view(), want_dv.view());
+    const BlockMask bm = build_block_mask(mask, RaggedLengths::uniform(1, c.sq, c.skv), c.heads,
+                                          {any_kernel().block_q, any_kernel().block_kv});
+    for_each_target(ran, [&](const FlashKernelEntry& kernel) {
+      Tensor<float> dq(q.shape(), 7.0f), dk(k.shape(), 7.0f), dv(v.shape(), 7.0f);
+      kernel.backward_f32(in, bm, dout.view(), dq.view(), dk.view(), dv.view(), c.workers);
+      for (const auto& [got, want] : {std::pair{&dq, &want_dq}, {&dk, &want_dk}, {&dv, &want_dv}}) {
+        double max_diff = 0, max_ref = 0;
+        for (index_t i = 0; i < got->size(); ++i) {
+          max_diff = std::max<double>(max_diff, std::abs(got->data()[i] - want->data()[i]));
+          max_ref = std::max<double>(max_ref, std::abs(want->data()[i]));
+        }
+        CHECK(max_diff <= 2e-4 * std::max(1.0, max_ref));
+      }
+    });
+  }
+  require_every_target_ran(ran);
 }
 
 #endif  // HWY_ONCE

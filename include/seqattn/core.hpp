@@ -3,6 +3,7 @@
 #pragma once
 
 #include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/execution.hpp"
 #include "seqattn/core/segments.hpp"

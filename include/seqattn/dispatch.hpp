@@ -6,8 +6,8 @@
 
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
-#include "seqattn/core/execution.hpp"
 #include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/execution.hpp"
 #include "seqattn/core/tensor.hpp"
 #include "seqattn/masks/block_mask.hpp"
 

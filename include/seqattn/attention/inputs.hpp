@@ -7,6 +7,7 @@
 #include <ostream>
 #include <vector>
 
+#include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/segments.hpp"
 #include "seqattn/core/tensor.hpp"
@@ -85,6 +86,28 @@ inline std::ostream& operator<<(std::ostream& os, const AttentionShape& s) {
   return os << ", " << s.heads << " heads over " << s.kv_heads << " kv heads, dk " << s.dk << ", dv " << s.dv;
 }
 
+namespace detail {
+
+// Throws unless `s` is within the documented limits (limits::kMaxHeads,
+// limits::kMaxHeadDim, non-negative lengths): then every size the engines
+// derive from it (scratch, tasks, rows) fits in 64 bits. shape_of checks
+// every shape it returns; plan_attention checks shapes built by hand.
+inline void check_shape_limits(const AttentionShape& s, const char* who) {
+  require(s.heads <= limits::kMaxHeads && s.kv_heads <= limits::kMaxHeads, who, ": ", s.heads, " heads over ",
+          s.kv_heads, " kv heads exceed the limit of ", limits::kMaxHeads, " (limits::kMaxHeads)");
+  require(s.dk <= limits::kMaxHeadDim && s.dv <= limits::kMaxHeadDim, who, ": head dims dk ", s.dk, ", dv ", s.dv,
+          " exceed the limit of ", limits::kMaxHeadDim, " (limits::kMaxHeadDim)");
+  require(s.lengths.q.size() == s.lengths.kv.size(), who, ": ", s.lengths.q.size(), " q lengths but ",
+          s.lengths.kv.size(), " kv lengths");
+  for (std::size_t b = 0; b < s.lengths.q.size(); ++b) {
+    if (s.lengths.q[b] < 0 || s.lengths.kv[b] < 0) {
+      throw_invalid(who, ": sequence ", b, " has a negative length (q ", s.lengths.q[b], ", kv ", s.lengths.kv[b], ")");
+    }
+  }
+}
+
+}  // namespace detail
+
 // The shape of `in`, after checking that q, k, v and the segment table agree.
 template <class T>
 AttentionShape shape_of(const AttentionInputs<T>& in) {
@@ -95,7 +118,11 @@ AttentionShape shape_of(const AttentionInputs<T>& in) {
   detail::require(in.q.rank() == rank, kWho, "q must have rank ", rank, layout, ", got shape ", in.q.shape());
   detail::require(in.k.rank() == rank, kWho, "k must have rank ", rank, layout, ", got shape ", in.k.shape());
   detail::require(in.v.rank() == rank, kWho, "v must have rank ", rank, layout, ", got shape ", in.v.shape());
+  detail::require(!in.q.shape().any_negative() && !in.k.shape().any_negative() && !in.v.shape().any_negative(), kWho,
+                  "extents must be non-negative, got q ", in.q.shape(), ", k ", in.k.shape(), ", v ", in.v.shape());
   detail::require(in.q.data() != nullptr || in.q.size() == 0, kWho, "q has no data");
+  detail::require(in.k.data() != nullptr || in.k.size() == 0, kWho, "k has no data");
+  detail::require(in.v.data() != nullptr || in.v.size() == 0, kWho, "v has no data");
 
   AttentionShape s;
   s.layout = packed ? Layout::thd : Layout::bshd;
@@ -128,6 +155,7 @@ AttentionShape shape_of(const AttentionInputs<T>& in) {
       s.lengths.kv.push_back(seg.kv_lens[i]);
     }
   }
+  detail::check_shape_limits(s, "attention");
   return s;
 }
 

@@ -103,6 +103,9 @@ void check_plan_request(const AttentionShape& shape, const PlanOptions& options,
   constexpr const char* kWho = "plan_attention: ";
   require(workers >= 1, kWho, "workers must be at least 1, got ", workers);
   require(options.kv_splits >= 0, kWho, "kv_splits must be >= 0 (0 = automatic), got ", options.kv_splits);
+  require(options.kv_splits <= limits::kMaxKvSplits, kWho, "kv_splits must be at most ", limits::kMaxKvSplits,
+          " (limits::kMaxKvSplits), got ", options.kv_splits);
+  check_shape_limits(shape, "plan_attention");
   require(shape.heads > 0 && shape.kv_heads > 0 && shape.heads % shape.kv_heads == 0 && shape.dk > 0 && shape.dv > 0,
           kWho, "heads must be a positive multiple of kv heads and head dims positive, got ", shape);
   const Support support = Backend::supports(shape);

@@ -32,6 +32,7 @@
 #include <omp.h>
 #endif
 
+#include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/tensor.hpp"
 
@@ -68,24 +69,29 @@ struct Serial {
 class ThreadPool {
  public:
   // `threads` counts the calling thread: ThreadPool(2) starts one helper.
-  explicit ThreadPool(int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
+  // At most limits::kMaxThreads. When a helper cannot be started (EAGAIN) the
+  // constructor stops and joins the helpers already running, then rethrows
+  // (std::system_error): nothing is left running.
+  explicit ThreadPool(int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u,
+                                                                static_cast<unsigned>(limits::kMaxThreads))))
       : workers_(threads) {
     detail::require(threads >= 1, "ThreadPool: threads must be at least 1, got ", threads);
+    detail::require(threads <= limits::kMaxThreads, "ThreadPool: threads must be at most ", limits::kMaxThreads,
+                    " (limits::kMaxThreads), got ", threads);
     helpers_.reserve(static_cast<std::size_t>(threads - 1));
-    for (int w = 1; w < threads; ++w) {
-      helpers_.emplace_back([this, w](std::stop_token stop) { helper_loop(stop, w); });
+    try {
+      for (int w = 1; w < threads; ++w) {
+        helpers_.emplace_back([this, w](std::stop_token stop) { helper_loop(stop, w); });
+      }
+    } catch (...) {
+      stop_helpers();
+      helpers_.clear();  // joins them
+      throw;
     }
   }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
-  ~ThreadPool() {
-    for (auto& t : helpers_) t.request_stop();
-    {
-      std::lock_guard lock(mutex_);
-      ++epoch_;  // wake helpers so they see the stop request
-    }
-    wake_.notify_all();
-  }
+  ~ThreadPool() { stop_helpers(); }
 
   int workers() const { return workers_; }
 
@@ -131,6 +137,17 @@ class ThreadPool {
         if (!error_) error_ = std::current_exception();
       }
     }
+  }
+
+  // Asks every helper to stop and wakes the parked ones; joining is left to
+  // the jthreads' destructors.
+  void stop_helpers() {
+    for (auto& t : helpers_) t.request_stop();
+    {
+      std::lock_guard lock(mutex_);
+      ++epoch_;  // wake helpers so they see the stop request
+    }
+    wake_.notify_all();
   }
 
   void helper_loop(const std::stop_token& stop, int worker) {

@@ -32,13 +32,19 @@ struct SegmentTable {
         q_offsets.size() == q_lens.size() && kv_offsets.size() == q_lens.size() && kv_lens.size() == q_lens.size(),
         "SegmentTable: q_offsets, q_lens, kv_offsets and kv_lens must have one entry per segment, got ",
         q_offsets.size(), ", ", q_lens.size(), ", ", kv_offsets.size(), " and ", kv_lens.size());
+    // In 64 bits: offset + length of two int32 values cannot wrap, and the
+    // message parts are only computed when a check fails.
     for (std::size_t i = 0; i < q_lens.size(); ++i) {
-      detail::require(q_lens[i] >= 0 && q_offsets[i] >= 0 && q_offsets[i] + q_lens[i] <= q_tokens,
-                      "SegmentTable: segment ", i, " covers query tokens [", q_offsets[i], ", ",
-                      q_offsets[i] + q_lens[i], ") outside [0, ", q_tokens, ")");
-      detail::require(kv_lens[i] >= 0 && kv_offsets[i] >= 0 && kv_offsets[i] + kv_lens[i] <= kv_tokens,
-                      "SegmentTable: segment ", i, " covers key/value tokens [", kv_offsets[i], ", ",
-                      kv_offsets[i] + kv_lens[i], ") outside [0, ", kv_tokens, ")");
+      const index_t q_begin = q_offsets[i], q_end = q_begin + index_t{q_lens[i]};
+      if (q_lens[i] < 0 || q_begin < 0 || q_end > q_tokens) {
+        detail::throw_invalid("SegmentTable: segment ", i, " covers query tokens [", q_begin, ", ", q_end,
+                              ") outside [0, ", q_tokens, ")");
+      }
+      const index_t kv_begin = kv_offsets[i], kv_end = kv_begin + index_t{kv_lens[i]};
+      if (kv_lens[i] < 0 || kv_begin < 0 || kv_end > kv_tokens) {
+        detail::throw_invalid("SegmentTable: segment ", i, " covers key/value tokens [", kv_begin, ", ", kv_end,
+                              ") outside [0, ", kv_tokens, ")");
+      }
     }
   }
 };

@@ -13,12 +13,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <ostream>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 
 namespace seqattn {
@@ -49,11 +51,24 @@ class Extents {
   constexpr index_t back() const { return dims_[static_cast<std::size_t>(rank_ - 1)]; }
   std::span<const index_t> dims() const { return {dims_.data(), static_cast<std::size_t>(rank_)}; }
 
-  // Number of elements (1 for rank 0).
+  // Number of elements (1 for rank 0). Throws when the product of the
+  // extents does not fit in index_t (with a zero extent the size is 0).
   constexpr index_t size() const {
     index_t n = 1;
-    for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<std::size_t>(i)];
+    bool fits = true;
+    for (int i = 0; i < rank_; ++i) {
+      const index_t d = dims_[static_cast<std::size_t>(i)];
+      if (d == 0) return 0;
+      fits = fits && detail::mul_fits(n, d, n);
+    }
+    if (!fits) detail::throw_invalid("Extents: the product of ", to_string(), " overflows 64-bit size arithmetic");
     return n;
+  }
+  bool any_negative() const {
+    for (int i = 0; i < rank_; ++i) {
+      if (dims_[static_cast<std::size_t>(i)] < 0) return true;
+    }
+    return false;
   }
 
   void push_back(index_t d) {
@@ -98,16 +113,35 @@ class Extents {
 
 using Strides = Extents;
 
-// Row-major (C order) element strides for a shape.
+// Row-major (C order) element strides for a shape. Strides past a zero
+// extent are never used to address an element; they saturate instead of
+// overflowing (a shape of size 0 may have huge other extents).
 inline Strides row_major_strides(const Extents& shape) {
   Strides s = shape;
   index_t step = 1;
   for (int i = shape.rank() - 1; i >= 0; --i) {
     s[i] = step;
-    step *= shape[i];
+    if (!detail::mul_fits(step, shape[i], step)) step = std::numeric_limits<index_t>::max();
   }
   return s;
 }
+
+namespace detail {
+// Throws unless `shape` is a valid size for a buffer seqattn allocates:
+// non-negative extents, at most limits::kMaxTensorElements elements.
+inline index_t checked_tensor_size(const Extents& shape, const char* what) {
+  if (shape.any_negative()) throw_invalid(what, ": shape ", shape, " has a negative extent");
+  index_t n = 1;
+  for (const index_t d : shape.dims()) {
+    if (d == 0) return 0;
+    if (!mul_fits(n, d, n) || n > limits::kMaxTensorElements) {
+      throw_invalid(what, ": shape ", shape, " has more than the limit of ", limits::kMaxTensorElements,
+                    " elements (limits::kMaxTensorElements)");
+    }
+  }
+  return n;
+}
+}  // namespace detail
 
 // Non-owning strided N-d view. Strides are in elements and may be zero
 // (broadcast) or arbitrary (a slice of a larger tensor).
@@ -201,11 +235,13 @@ template <class T>
 class Tensor {
  public:
   Tensor() = default;
-  explicit Tensor(const Extents& shape) : shape_(shape), values_(static_cast<std::size_t>(shape_.size())) {}
-  Tensor(const Extents& shape, const T& fill) : shape_(shape), values_(static_cast<std::size_t>(shape_.size()), fill) {}
+  explicit Tensor(const Extents& shape)
+      : shape_(shape), values_(static_cast<std::size_t>(detail::checked_tensor_size(shape_, "Tensor"))) {}
+  Tensor(const Extents& shape, const T& fill)
+      : shape_(shape), values_(static_cast<std::size_t>(detail::checked_tensor_size(shape_, "Tensor")), fill) {}
   Tensor(const Extents& shape, std::vector<T> values) : shape_(shape), values_(std::move(values)) {
-    detail::require(static_cast<index_t>(values_.size()) == shape_.size(), "Tensor: ", values_.size(),
-                    " values do not fill shape ", shape_);
+    detail::require(static_cast<index_t>(values_.size()) == detail::checked_tensor_size(shape_, "Tensor"),
+                    "Tensor: ", values_.size(), " values do not fill shape ", shape_);
   }
 
   const Extents& shape() const { return shape_; }
@@ -245,7 +281,8 @@ template <class T>
 Tensor<std::remove_cv_t<T>> to_tensor(TensorView<T> view) {
   Tensor<std::remove_cv_t<T>> out(view.shape());
   std::vector<index_t> idx(static_cast<std::size_t>(view.rank()), 0);
-  for (index_t flat = 0; flat < view.size(); ++flat) {
+  const index_t n = out.size();
+  for (index_t flat = 0; flat < n; ++flat) {
     out.data()[flat] = view.at(idx);
     for (int d = view.rank() - 1; d >= 0; --d) {
       if (++idx[static_cast<std::size_t>(d)] < view.extent(d)) break;
@@ -257,10 +294,11 @@ Tensor<std::remove_cv_t<T>> to_tensor(TensorView<T> view) {
 
 namespace detail {
 
-// Throws unless `view` has exactly `rank` dimensions.
+// Throws unless `view` has exactly `rank` dimensions, none negative.
 template <class T>
 void require_rank(const TensorView<T>& view, int rank, const char* name) {
   require(view.rank() == rank, name, " must have rank ", rank, ", got shape ", view.shape());
+  require(!view.shape().any_negative(), name, " has a negative extent: shape ", view.shape());
 }
 
 // Throws unless `view` has exactly the shape `expected`.

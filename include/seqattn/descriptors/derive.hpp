@@ -101,6 +101,8 @@ inline SeqlensAndOffsets derive_seqlens_and_offsets(const QkvPair<Int32View>& se
   (void)window;  // never changes the descriptor (see above)
   const Extents batch = detail::check_segment_shapes(segment_ids, segment_pos);
   detail::require(max_segments_per_seq >= 1, "max_segments_per_seq must be >= 1, got ", max_segments_per_seq);
+  detail::require(max_segments_per_seq <= limits::kMaxSegmentsPerSeq, "max_segments_per_seq must be at most ",
+                  limits::kMaxSegmentsPerSeq, " (limits::kMaxSegmentsPerSeq), got ", max_segments_per_seq);
   const detail::RowSource src[4] = {{"q_segment_ids", segment_ids.q},
                                     {"kv_segment_ids", segment_ids.kv},
                                     {"q_segment_pos", segment_pos.q},

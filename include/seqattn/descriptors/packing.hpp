@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/segments.hpp"
 #include "seqattn/core/tensor.hpp"
@@ -62,30 +63,41 @@ inline void row_segments(const std::int32_t* lens, index_t n_lens, const std::in
   index_t n_pos = 0, n_nonneg = 0;
   for (index_t k = 0; k < n_lens; ++k) n_pos += lens[k] > 0;
   for (index_t k = 0; k < n_offs; ++k) n_nonneg += offs[k] >= 0;
+  // The row context of a message, built only when a check fails (this runs
+  // once per row on the success path).
   const auto where = [&] {
     std::string s = concat(label, " row ", row);
     if (batch.rank() > 1) s += concat(" (index ", multi_index_string(batch, row), ")");
     return s;
   };
-  require(n_pos == n_nonneg, where(), ": ", n_nonneg, " non-negative offsets for ", n_pos,
-          " positive seqlens; offsets must hold segment starts only (one per non-empty segment, -1 elsewhere)");
+  if (n_pos != n_nonneg) {
+    throw_invalid(where(), ": ", n_nonneg, " non-negative offsets for ", n_pos,
+                  " positive seqlens; offsets must hold segment starts only (one per non-empty segment, -1 elsewhere)");
+  }
   index_t k_off = 0;
   std::int64_t end_of_previous = 0;
   for (index_t k = 0; k < n_lens; ++k) {
     if (lens[k] <= 0) continue;
     while (offs[k_off] < 0) ++k_off;
     const std::int32_t off = offs[k_off++];
-    require(off >= end_of_previous && std::int64_t{off} + lens[k] <= seq_len, where(), ": segment of length ", lens[k],
-            " at offset ", off, " overlaps the previous segment (ending at ", end_of_previous,
-            ") or leaves the row of ", seq_len, " tokens");
+    if (off < end_of_previous || std::int64_t{off} + lens[k] > seq_len) {
+      throw_invalid(where(), ": segment of length ", lens[k], " at offset ", off,
+                    " overlaps the previous segment (ending at ", end_of_previous, ") or leaves the row of ", seq_len,
+                    " tokens");
+    }
     end_of_previous = std::int64_t{off} + lens[k];
     out.push_back({off, lens[k]});
   }
 }
 
+// rows * seq_len (checked: both may be huge) must fit int32 global offsets.
 inline void require_int32_tokens(index_t rows, index_t seq_len, const char* side) {
-  require(rows * seq_len <= std::numeric_limits<std::int32_t>::max(), side, ": ", rows, " rows of ", seq_len,
-          " tokens overflow int32 global offsets");
+  index_t total = 0;
+  if (!mul_fits(rows, seq_len, total) || total > std::numeric_limits<std::int32_t>::max()) {
+    throw_invalid(side, ": ", rows, " rows of ", seq_len,
+                  " tokens overflow int32 global offsets (at most 2^31 - 1 "
+                  "tokens in all)");
+  }
 }
 
 }  // namespace detail
@@ -184,7 +196,9 @@ inline SegmentIdsAndPos segment_ids_from_seqlens_and_offsets(Int32View seqlens, 
                   "segment_ids_from_seqlens_and_offsets: seqlens (*E, B, N) and offsets (*E, B, N') must share "
                   "(*E, B); got seqlens ",
                   seqlens.shape(), " and offsets ", offsets.shape());
-  detail::require(seq_len >= 0, "segment_ids_from_seqlens_and_offsets: seq_len must be >= 0, got ", seq_len);
+  detail::require(seq_len >= 0 && seq_len <= std::numeric_limits<std::int32_t>::max(),
+                  "segment_ids_from_seqlens_and_offsets: seq_len must be in [0, 2^31 - 1] (positions are int32), got ",
+                  seq_len);
   const Tensor<std::int32_t> lens = to_tensor(seqlens), offs = to_tensor(offsets);
   const Extents batch = seqlens.shape().drop_last(1);
   const Extents out_shape = batch.concat(Extents{seq_len});

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/tensor.hpp"
 #include "seqattn/masks/concept.hpp"
@@ -42,6 +43,19 @@ struct BlockShape {
   index_t q = 128;
   index_t kv = 128;
 };
+
+namespace detail {
+// Block sizes in [1, limits::kMaxBlockSize].
+inline void require_block_shape(const BlockShape& block) {
+  if (block.q <= 0 || block.kv <= 0) {
+    throw_invalid("BlockMask: block sizes must be positive, got block_q=", block.q, ", block_kv=", block.kv);
+  }
+  if (block.q > limits::kMaxBlockSize || block.kv > limits::kMaxBlockSize) {
+    throw_invalid("BlockMask: block sizes must be at most ", limits::kMaxBlockSize,
+                  " (limits::kMaxBlockSize), got block_q=", block.q, ", block_kv=", block.kv);
+  }
+}
+}  // namespace detail
 
 struct BlockRange {
   std::int32_t begin = 0;
@@ -65,8 +79,8 @@ class BlockMask {
   index_t heads() const { return heads_; }
   BlockShape block_shape() const { return block_; }
   const RaggedLengths& lengths() const { return lengths_; }
-  index_t q_len(index_t b) const { return lengths_.q[static_cast<std::size_t>(b)]; }
-  index_t kv_len(index_t b) const { return lengths_.kv[static_cast<std::size_t>(b)]; }
+  index_t q_len(index_t b) const { return lengths_.q[checked_batch(b)]; }
+  index_t kv_len(index_t b) const { return lengths_.kv[checked_batch(b)]; }
   index_t num_q_blocks(index_t b) const { return ceil_div(q_len(b), block_.q); }
   index_t num_kv_blocks(index_t b) const { return ceil_div(kv_len(b), block_.kv); }
 
@@ -100,6 +114,8 @@ class BlockMask {
   // block_q rows of words_per_row() words each; rows and columns past the end
   // of a short edge tile are zero.
   std::span<const std::uint64_t> tile_bits(std::int32_t tile_id) const {
+    detail::require(tile_id >= 0 && tile_id < num_distinct_partial_tiles(), "BlockMask::tile_bits: tile id ", tile_id,
+                    " outside [0, ", num_distinct_partial_tiles(), ")");
     const auto words = static_cast<std::size_t>(block_.q * words_per_row());
     return std::span(tile_bits_).subspan(static_cast<std::size_t>(tile_id) * words, words);
   }
@@ -164,8 +180,19 @@ class BlockMask {
   struct Builder;
 
  private:
-  static index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
+  static index_t ceil_div(index_t a, index_t b) { return detail::ceil_div_nonneg(a, b); }
+  std::size_t checked_batch(index_t b) const {
+    if (b < 0 || b >= batch()) detail::throw_invalid("BlockMask: sequence ", b, " outside [0, ", batch(), ")");
+    return static_cast<std::size_t>(b);
+  }
+  // Index of row (b, h, qb); throws when any of them is out of range (one
+  // check per row of tiles, never per element).
   std::size_t row(index_t b, index_t h, index_t qb) const {
+    if (b < 0 || b >= batch() || h < 0 || (heads_ != 1 && h >= heads_) || qb < 0 || qb >= num_q_blocks(b)) {
+      detail::throw_invalid("BlockMask: (batch ", b, ", head ", h, ", q-block ", qb, ") is outside the mask's ",
+                            batch(), " sequences x ", heads_, " heads",
+                            b >= 0 && b < batch() ? detail::concat(" x ", num_q_blocks(b), " q-blocks") : "");
+    }
     const index_t head = heads_ == 1 ? 0 : h;
     return static_cast<std::size_t>((q_block_base_[static_cast<std::size_t>(b)] * heads_) + head * num_q_blocks(b) +
                                     qb);
@@ -209,9 +236,10 @@ struct BlockMask::Builder {
   std::vector<std::uint64_t> scratch;
 
   Builder(RaggedLengths lengths, index_t heads, BlockShape block) {
-    detail::require(block.q > 0 && block.kv > 0, "BlockMask: block sizes must be positive, got block_q=", block.q,
-                    ", block_kv=", block.kv);
+    detail::require_block_shape(block);
     detail::require(heads > 0, "BlockMask: heads must be positive, got ", heads);
+    detail::require(heads <= limits::kMaxHeads, "BlockMask: heads must be at most ", limits::kMaxHeads,
+                    " (limits::kMaxHeads), got ", heads);
     detail::require(lengths.q.size() == lengths.kv.size(), "BlockMask: ", lengths.q.size(), " q lengths but ",
                     lengths.kv.size(), " kv lengths");
     m.lengths_ = std::move(lengths);
@@ -220,9 +248,17 @@ struct BlockMask::Builder {
     index_t base = 0;
     for (index_t b = 0; b < m.batch(); ++b) {
       detail::require(m.q_len(b) >= 0 && m.kv_len(b) >= 0, "BlockMask: negative length for batch entry ", b);
+      // Block ids are int32 (BlockRange, partial_blocks).
+      if (m.num_q_blocks(b) > limits::kMaxBlocksPerAxis || m.num_kv_blocks(b) > limits::kMaxBlocksPerAxis) {
+        detail::throw_invalid("BlockMask: sequence ", b, " of lengths (q ", m.q_len(b), ", kv ", m.kv_len(b),
+                              ") has more than ", limits::kMaxBlocksPerAxis, " (limits::kMaxBlocksPerAxis) blocks of (",
+                              block.q, ", ", block.kv, ") along an axis");
+      }
       m.q_block_base_.push_back(base);
-      base += m.num_q_blocks(b);
+      // Rows of the whole mask (all sequences and heads) index vectors.
+      base = detail::checked_add(base, m.num_q_blocks(b), "BlockMask: q-blocks of the batch");
     }
+    detail::checked_size("BlockMask: rows (q-blocks x heads)", limits::kMaxTensorElements, base, heads);
   }
 
   void add_full(std::int32_t kb) {
@@ -412,9 +448,14 @@ inline std::pair<index_t, index_t> blocks_inside(index_t kv_begin, index_t kv_en
 template <MaskDescription M>
 BlockMask build_block_mask(const M& mask, RaggedLengths lengths, index_t heads, BlockShape block = {},
                            BlockMaskOptions options = {}) {
-  detail::require(block.q > 0 && block.kv > 0, "BlockMask: block sizes must be positive, got block_q=", block.q,
-                  ", block_kv=", block.kv);
+  detail::require_block_shape(block);
   detail::check_mask(mask, lengths, heads);
+  // Tile bits are block_q rows of words_per_row words per distinct partial tile.
+  detail::require(!options.store_tile_bits || block.q * block.kv <= limits::kMaxTileBits,
+                  "build_block_mask: tiles of (", block.q, ", ", block.kv, ") exceed the limit of ",
+                  limits::kMaxTileBits,
+                  " bits per stored tile (limits::kMaxTileBits); use smaller blocks or "
+                  "store_tile_bits = false");
   const index_t stored_heads = is_head_invariant<M>() ? 1 : heads;
   BlockMask::Builder builder(std::move(lengths), stored_heads, block);
   const BlockMask& m = builder.m;

@@ -43,6 +43,7 @@
 #include <limits>
 #include <vector>
 
+#include "seqattn/core/checked.hpp"
 #include "seqattn/core/tensor.hpp"
 
 namespace seqattn {
@@ -55,6 +56,10 @@ struct RaggedLengths {
   std::vector<index_t> kv;
 
   static RaggedLengths uniform(index_t batch, index_t q_len, index_t kv_len) {
+    if (batch < 0 || q_len < 0 || kv_len < 0 || batch > limits::kMaxTensorElements) {
+      detail::throw_invalid("RaggedLengths::uniform: batch ", batch, ", q_len ", q_len, ", kv_len ", kv_len,
+                            " must be non-negative and batch at most ", limits::kMaxTensorElements);
+    }
     return {std::vector<index_t>(static_cast<std::size_t>(batch), q_len),
             std::vector<index_t>(static_cast<std::size_t>(batch), kv_len)};
   }
@@ -197,6 +202,14 @@ void check_mask(const M& mask, const RaggedLengths& lengths, index_t heads) {
   detail::require(lengths.q.size() == lengths.kv.size(), "mask: ", lengths.q.size(), " q lengths but ",
                   lengths.kv.size(), " kv lengths");
   detail::require(heads > 0, "mask: heads must be positive, got ", heads);
+  detail::require(heads <= limits::kMaxHeads, "mask: heads must be at most ", limits::kMaxHeads,
+                  " (limits::kMaxHeads), got ", heads);
+  for (std::size_t b = 0; b < lengths.q.size(); ++b) {
+    if (lengths.q[b] < 0 || lengths.kv[b] < 0) {
+      detail::throw_invalid("mask: sequence ", b, " has a negative length (q ", lengths.q[b], ", kv ", lengths.kv[b],
+                            ")");
+    }
+  }
   if constexpr (HasCheck<M>) mask.check(lengths, heads);
 }
 

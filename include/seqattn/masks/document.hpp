@@ -212,7 +212,9 @@ struct DocumentMask {
 
   // The inner context of q run `qr` against kv run `kr`.
   static MaskContext inner_context(const MaskContext& ctx, const SegmentRun& qr, const SegmentRun& kr) {
-    return {ctx.batch, ctx.head, qr.pos_begin + (qr.end - qr.begin), kr.pos_begin + (kr.end - kr.begin)};
+    // In 64 bits: a run may start near INT32_MAX.
+    return {ctx.batch, ctx.head, index_t{qr.pos_begin} + (qr.end - qr.begin),
+            index_t{kr.pos_begin} + (kr.end - kr.begin)};
   }
 
   bool allowed(const MaskContext& ctx, index_t q, index_t kv) const {
@@ -293,7 +295,7 @@ struct DocumentMask {
       if (qr.match < 0) continue;
       const SegmentRun& kr = kv_runs[static_cast<std::size_t>(qr.match)];
       // Without an inner span: any key of the segment, and no claim about all keys.
-      KvSpan local{kr.pos_begin, kr.pos_begin + (kr.end - kr.begin), 0, 0};
+      KvSpan local{kr.pos_begin, index_t{kr.pos_begin} + (kr.end - kr.begin), 0, 0};
       if constexpr (HasKvSpan<Inner>) {
         local =
             inner.kv_span(inner_context(ctx, qr, kr), qr.pos_begin + (r0 - qr.begin), qr.pos_begin + (r1 - qr.begin));

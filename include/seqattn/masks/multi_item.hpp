@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -119,6 +120,12 @@ class MultiItemLayout {
 
  private:
   void begin_sequence(index_t length, std::int32_t prefix_end) {
+    // Rows hold request-local int32 values.
+    detail::require(length <= std::numeric_limits<std::int32_t>::max(), "MultiItemLayout: sequence ",
+                    prefix_end_.size(), " of length ", length, " exceeds the limit of 2^31 - 1 tokens (int32 rows)");
+    detail::require(static_cast<index_t>(row_seg_start_.size()) <= limits::kMaxTensorElements - length,
+                    "MultiItemLayout: more than ", limits::kMaxTensorElements,
+                    " tokens in all (limits::kMaxTensorElements)");
     prefix_end_.push_back(prefix_end);
     row_seg_start_.resize(row_seg_start_.size() + static_cast<std::size_t>(length), 0);
     token_offsets_.push_back(token_offsets_.back() + length);

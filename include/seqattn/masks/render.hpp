@@ -82,6 +82,8 @@ std::string to_ascii(const M& mask, const MaskContext& ctx, index_t max_cells = 
 
 // One line per q-block of (batch b, head h).
 inline std::string to_ascii(const BlockMask& bm, index_t b, index_t h = 0) {
+  detail::require(b >= 0 && b < bm.batch() && h >= 0 && (bm.heads() == 1 || h < bm.heads()), "to_ascii: (batch ", b,
+                  ", head ", h, ") is outside the BlockMask's ", bm.batch(), " sequences x ", bm.heads(), " heads");
   std::string s;
   const auto nkv = static_cast<std::size_t>(bm.num_kv_blocks(b));
   for (index_t qb = 0; qb < bm.num_q_blocks(b); ++qb) {

@@ -80,6 +80,16 @@ PackedMask pack_bits(const M& mask, const RaggedLengths& lengths, index_t heads 
   PackedMask p;
   p.lengths = lengths;
   p.heads = is_head_invariant<M>() ? 1 : heads;
+  index_t total_bytes = 0;
+  for (index_t b = 0; b < lengths.batch(); ++b) {
+    const auto u = static_cast<std::size_t>(b);
+    const index_t bits = detail::checked_size("pack_bits: q_len x kv_len x heads", 8 * limits::kMaxTensorElements,
+                                              lengths.q[u], lengths.kv[u], p.heads);
+    total_bytes = detail::checked_add(total_bytes, (bits + 7) / 8, "pack_bits: total bytes");
+  }
+  detail::require(total_bytes <= limits::kMaxTensorElements, "pack_bits: ", total_bytes,
+                  " bytes of bits exceed the limit of ", limits::kMaxTensorElements, " (limits::kMaxTensorElements)");
+  p.bits.reserve(static_cast<std::size_t>(total_bytes));
   std::vector<std::uint64_t> words;
   for (index_t b = 0; b < lengths.batch(); ++b) {
     for (index_t h = 0; h < p.heads; ++h) {
@@ -138,8 +148,8 @@ inline SegmentMetadata segment_metadata(const DocumentLayout& layout) {
     detail::require(runs.size() == kv_runs.size(), "segment_metadata: row ", b, " has ", runs.size(),
                     " query segments but ", kv_runs.size(), " key segments (needs self-attention ids)");
     for (std::size_t r = 0; r < runs.size(); ++r) {
-      detail::require(runs[r].begin == kv_runs[r].begin && runs[r].end == kv_runs[r].end && runs[r].pos_begin == 0 &&
-                          kv_runs[r].pos_begin == 0,
+      detail::require(runs[r].id == kv_runs[r].id && runs[r].begin == kv_runs[r].begin &&
+                          runs[r].end == kv_runs[r].end && runs[r].pos_begin == 0 && kv_runs[r].pos_begin == 0,
                       "segment_metadata: row ", b, " segment ", runs[r].id,
                       " differs between queries and keys or does not start at position 0");
     }
@@ -199,6 +209,22 @@ struct BlockSegmentMetadata {
 
 inline BlockSegmentMetadata block_segment_metadata(const SegmentMetadata& flat, index_t block_q) {
   detail::require(block_q > 0, "block_segment_metadata: block_q must be positive, got ", block_q);
+  detail::require(block_q <= limits::kMaxBlockSize, "block_segment_metadata: block_q must be at most ",
+                  limits::kMaxBlockSize, " (limits::kMaxBlockSize), got ", block_q);
+  index_t total = 0;
+  for (std::size_t b = 0; b + 1 < flat.token_offsets.size(); ++b) {
+    const index_t len = flat.token_offsets[b + 1] - flat.token_offsets[b];
+    detail::require(len >= 0 && flat.token_offsets[b] >= 0 &&
+                        flat.token_offsets[b + 1] <= static_cast<index_t>(flat.row_seg_start.size()),
+                    "block_segment_metadata: token_offsets[", b, "..", b + 1, "] = [", flat.token_offsets[b], ", ",
+                    flat.token_offsets[b + 1], ") outside the ", flat.row_seg_start.size(), " rows of row_seg_start");
+    total = detail::checked_add(
+        total,
+        detail::checked_mul(detail::ceil_div_nonneg(len, block_q), block_q, "block_segment_metadata: padded rows"),
+        "block_segment_metadata: padded rows");
+  }
+  detail::require(total <= limits::kMaxTensorElements, "block_segment_metadata: ", total,
+                  " padded rows exceed the limit of ", limits::kMaxTensorElements, " (limits::kMaxTensorElements)");
   BlockSegmentMetadata m;
   m.block_q = block_q;
   m.prefix_end = flat.prefix_end;

@@ -83,10 +83,14 @@ struct SlidingWindowMask {
   }
   KvInterval row_interval(const MaskContext& ctx, index_t q) const {
     const index_t p = q + detail::diagonal_shift(alignment, ctx);
-    return detail::clamped_interval(left < 0 ? 0 : p - left, right < 0 ? ctx.kv_len : p + right + 1, ctx.kv_len);
+    // Saturating: a window side of INT64_MAX must not wrap around.
+    return detail::clamped_interval(
+        left < 0 ? 0 : detail::saturating_sub(p, left),
+        right < 0 ? ctx.kv_len : detail::saturating_add(detail::saturating_add(p, right), 1), ctx.kv_len);
   }
   index_t first_row_reaching(const MaskContext& ctx, index_t kv) const {
-    return right < 0 ? kNoBound : kv - detail::diagonal_shift(alignment, ctx) - right;
+    return right < 0 ? kNoBound
+                     : std::max(kNoBound, detail::saturating_sub(kv - detail::diagonal_shift(alignment, ctx), right));
   }
   TileClass classify(const MaskContext& ctx, const Tile& t) const {
     return detail::classify_interval_rows(*this, ctx, t);

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <vector>
@@ -47,7 +48,9 @@ class TopKLayout {
  public:
   static TopKLayout from_indices(TensorView<const std::int32_t> indices, index_t kv_len) {
     detail::require(indices.rank() >= 3, "TopKLayout: indices must have shape (*E, B, t, k), got ", indices.shape());
-    detail::require(kv_len >= 0, "TopKLayout: kv_len must be non-negative, got ", kv_len);
+    // Keys are int32 indices: a longer kv axis could not be addressed.
+    detail::require(kv_len >= 0 && kv_len <= index_t{std::numeric_limits<std::int32_t>::max()} + 1,
+                    "TopKLayout: kv_len must be in [0, 2^31] (indices are int32), got ", kv_len);
     TopKLayout l;
     l.batch_ = indices.shape().drop_last(2).size();
     l.q_len_ = indices.extent(-2);
@@ -56,6 +59,7 @@ class TopKLayout {
     const Tensor<std::int32_t> copy = indices.is_contiguous() ? Tensor<std::int32_t>{} : to_tensor(indices);
     const std::int32_t* data = indices.is_contiguous() ? indices.data() : copy.data();
     const index_t rows = l.batch_ * l.q_len_;
+    detail::checked_size("TopKLayout: indices", limits::kMaxTensorElements, rows, k);
     l.row_offsets_.reserve(static_cast<std::size_t>(rows + 1));
     l.row_offsets_.push_back(0);
     l.keys_.reserve(static_cast<std::size_t>(rows * k));
@@ -235,6 +239,7 @@ inline void topk_rescatter_mask(TensorView<float> out, TensorView<const std::int
 inline Tensor<float> topk_scatter_mask(TensorView<const std::int32_t> indices, index_t kv_len,
                                        float mask_value = kDefaultMaskValue) {
   detail::require(indices.rank() >= 2, "topk_scatter_mask: indices must have shape (..., t, k), got ", indices.shape());
+  detail::require(kv_len >= 0, "topk_scatter_mask: kv_len must be non-negative, got ", kv_len);
   Extents shape = indices.shape().drop_last(1);
   shape.push_back(kv_len);
   Tensor<float> out(shape, mask_value);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "seqattn/attention/inputs.hpp"
+#include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/tensor.hpp"
 
@@ -95,6 +96,7 @@ AttentionProblem<T> make_attention_problem(const AttentionInputs<T>& in, const A
   auto strides_of = [&](const auto& view) {
     return TensorStrides{view.stride(rank - 3), view.stride(rank - 2), view.stride(rank - 1)};
   };
+  require(out.data() != nullptr || out.size() == 0, who, ": out has no data");
   p.q = in.q.data();
   p.k = in.k.data();
   p.v = in.v.data();
@@ -112,9 +114,11 @@ AttentionProblem<T> make_attention_problem(const AttentionInputs<T>& in, const A
       require_shape(lse, make_extents({batch, p.heads, sq}), lse_name.c_str());
       p.lse_strides = {lse.stride(2), lse.stride(1), 0};
     }
+    const char* what = "attention_forward: element offset of a batch entry";
     for (index_t b = 0; b < batch; ++b) {
-      p.sequences.push_back({sq, skv, b * in.q.stride(0), b * in.k.stride(0), b * in.v.stride(0), b * out.stride(0),
-                             p.lse ? b * lse.stride(0) : 0});
+      p.sequences.push_back({sq, skv, checked_mul(b, in.q.stride(0), what), checked_mul(b, in.k.stride(0), what),
+                             checked_mul(b, in.v.stride(0), what), checked_mul(b, out.stride(0), what),
+                             p.lse ? checked_mul(b, lse.stride(0), what) : 0});
     }
     return p;
   }
@@ -130,10 +134,13 @@ AttentionProblem<T> make_attention_problem(const AttentionInputs<T>& in, const A
   std::vector<std::pair<index_t, index_t>> ranges;
   for (index_t i = 0; i < seg.size(); ++i) {
     const auto u = static_cast<std::size_t>(i);
-    if (seg.q_lens[u] > 0) ranges.emplace_back(seg.q_offsets[u], seg.q_offsets[u] + seg.q_lens[u]);
-    p.sequences.push_back({seg.q_lens[u], seg.kv_lens[u], seg.q_offsets[u] * in.q.stride(0),
-                           seg.kv_offsets[u] * in.k.stride(0), seg.kv_offsets[u] * in.v.stride(0),
-                           seg.q_offsets[u] * out.stride(0), p.lse ? seg.q_offsets[u] * lse.stride(1) : 0});
+    if (seg.q_lens[u] > 0) ranges.emplace_back(seg.q_offsets[u], index_t{seg.q_offsets[u]} + seg.q_lens[u]);
+    const char* what = "attention_forward: element offset of a segment";
+    p.sequences.push_back({seg.q_lens[u], seg.kv_lens[u], checked_mul(seg.q_offsets[u], in.q.stride(0), what),
+                           checked_mul(seg.kv_offsets[u], in.k.stride(0), what),
+                           checked_mul(seg.kv_offsets[u], in.v.stride(0), what),
+                           checked_mul(seg.q_offsets[u], out.stride(0), what),
+                           p.lse ? checked_mul(seg.q_offsets[u], lse.stride(1), what) : 0});
   }
   std::sort(ranges.begin(), ranges.end());
   for (std::size_t i = 1; i < ranges.size(); ++i) {

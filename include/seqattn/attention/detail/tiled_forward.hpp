@@ -312,7 +312,8 @@ void run_tiled_forward(const TiledWork& w, const BlockMask& bm, const AttentionP
   if (w.splits > 1) {
     call.partials.row_floats = w.dvp + 2;
     call.partials.rows_per_task = kBq;
-    call.partials.data = AlignedFloats(w.num_tasks() * kBq * call.partials.row_floats);
+    call.partials.data = AlignedFloats(checked_size("attention_forward: split-KV partials", limits::kMaxTensorElements,
+                                                    w.num_tasks(), kBq, call.partials.row_floats));
   }
   exec.parallel_for(w.num_tasks(), [&](index_t i, int worker) {
     run_task(call, w.order[static_cast<std::size_t>(i)], scratch[static_cast<std::size_t>(worker)]);

@@ -18,6 +18,7 @@
 
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
+#include "seqattn/core/checked.hpp"
 #include "seqattn/masks/block_mask.hpp"
 
 namespace seqattn::detail {
@@ -128,7 +129,7 @@ inline index_t choose_kv_splits(const std::vector<WorkUnit>& units, index_t requ
 
 // Longest tasks first: with dynamic claiming this balances causal rows.
 inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, index_t splits) {
-  const index_t n_tasks = static_cast<index_t>(units.size()) * splits;
+  const index_t n_tasks = checked_mul(static_cast<index_t>(units.size()), splits, "plan_attention: tasks");
   std::vector<index_t> order(static_cast<std::size_t>(n_tasks));
   for (index_t t = 0; t < n_tasks; ++t) order[static_cast<std::size_t>(t)] = t;
   auto cost = [&](index_t t) {
@@ -144,7 +145,8 @@ inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, inde
 inline std::vector<std::uint8_t> transpose_tile_bits(const BlockMask& bm, index_t block_q, index_t block_kv) {
   const index_t distinct = bm.num_distinct_partial_tiles(), wpr = bm.words_per_row();
   const index_t tile_bytes = block_kv * (block_q / 8);
-  std::vector<std::uint8_t> columns(static_cast<std::size_t>(distinct * tile_bytes), 0);
+  std::vector<std::uint8_t> columns(
+      static_cast<std::size_t>(checked_mul(distinct, tile_bytes, "plan_attention: transposed tile bits")), 0);
   for (index_t id = 0; id < distinct; ++id) {
     const auto rows_bits = bm.tile_bits(static_cast<std::int32_t>(id));
     std::uint8_t* dst = columns.data() + id * tile_bytes;

@@ -79,6 +79,12 @@ inline Extents check_segment_shapes(const QkvPair<TensorView<const std::int32_t>
     return concat("q_segment_ids.shape=", ids.q.shape(), ", q_segment_pos.shape=", pos.q.shape(),
                   ", kv_segment_ids.shape=", ids.kv.shape(), ", kv_segment_pos.shape=", pos.kv.shape());
   };
+  // Extents non-negative and sizes within limits::kMaxTensorElements: views
+  // may be broadcast (stride 0) far beyond any memory a copy could take.
+  checked_tensor_size(ids.q.shape(), "q_segment_ids");
+  checked_tensor_size(ids.kv.shape(), "kv_segment_ids");
+  checked_tensor_size(pos.q.shape(), "q_segment_pos");
+  checked_tensor_size(pos.kv.shape(), "kv_segment_pos");
   require(ids.q.rank() >= 2 && ids.kv.rank() >= 2,
           "segment_ids must have at least two dims (batch, tokens) plus any extra leading dims; got ", shapes());
   require(ids.q.rank() >= pos.q.rank() && ids.kv.rank() >= pos.kv.rank(),

@@ -11,6 +11,7 @@
 
 #include "seqattn/attention.hpp"
 #include "seqattn/masks/block_mask.hpp"
+#include "seqattn/masks/combinators.hpp"
 #include "seqattn/masks/concept.hpp"
 #include "seqattn/masks/structural.hpp"
 
@@ -90,6 +91,23 @@ struct TestBlankRowsMask {
   bool allowed(const MaskContext&, index_t q, index_t kv) const { return q % 3 != 1 && kv <= q; }
   TileClass classify(const MaskContext& ctx, const Tile& t) const { return detail::classify_by_scan(*this, ctx, t); }
 };
+
+// Calls each(mask) in one SECTION per mask kind the engine sweeps test:
+// structural kinds and their combinations, head-dependent, data-driven,
+// documents and rows that see nothing.
+template <class Each>
+void each_mask_kind(Each&& each) {
+  SECTION("full") { each(FullMask{}); }
+  SECTION("causal, top-left") { each(CausalMask{}); }
+  SECTION("causal, bottom-right") { each(CausalMask{Alignment::bottom_right}); }
+  SECTION("sliding window") { each(SlidingWindowMask{20, 3, Alignment::bottom_right}); }
+  SECTION("chunked causal") { each(ChunkedCausalMask{24}); }
+  SECTION("causal and not a window") { each(CausalMask{} & ~SlidingWindowMask{4, 0}); }
+  SECTION("per-head window") { each(TestPerHeadWindowMask{6}); }
+  SECTION("random dense predicate") { each(TestRandomDenseMask{17, 0.35f}); }
+  SECTION("documents") { each(TestDocumentMask{}); }
+  SECTION("rows with no allowed key") { each(TestBlankRowsMask{}); }
+}
 
 // --- Comparisons ------------------------------------------------------------
 

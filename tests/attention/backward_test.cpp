@@ -236,16 +236,7 @@ TEMPLATE_TEST_CASE("tiled backward matches the reference for every mask kind", "
       check_against_reference<TestType>(*x, mask, 2);
     }
   };
-  SECTION("full") { each(FullMask{}); }
-  SECTION("causal, top-left") { each(CausalMask{}); }
-  SECTION("causal, bottom-right") { each(CausalMask{Alignment::bottom_right}); }
-  SECTION("sliding window") { each(SlidingWindowMask{20, 3, Alignment::bottom_right}); }
-  SECTION("chunked causal") { each(ChunkedCausalMask{24}); }
-  SECTION("causal and not a window") { each(CausalMask{} & ~SlidingWindowMask{4, 0}); }
-  SECTION("per-head window") { each(TestPerHeadWindowMask{6}); }
-  SECTION("random dense predicate") { each(TestRandomDenseMask{17, 0.35f}); }
-  SECTION("documents") { each(TestDocumentMask{}); }
-  SECTION("rows with no allowed key") { each(TestBlankRowsMask{}); }
+  each_mask_kind(each);
 }
 
 TEST_CASE("tiled backward over head dims 64 to 256, several tiles each way", "[attention][backward]") {

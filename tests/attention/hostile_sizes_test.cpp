@@ -12,11 +12,6 @@
 #include "support/catch.hpp"
 
 using namespace seqattn;
-#if SEQATTN_CATCH3
-using Catch::Matchers::ContainsSubstring;
-#else
-#define ContainsSubstring Catch::Matchers::Contains
-#endif
 
 namespace {
 constexpr std::int32_t kI32Max = std::numeric_limits<std::int32_t>::max();

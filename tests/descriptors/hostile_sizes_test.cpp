@@ -10,11 +10,6 @@
 #include "support/catch.hpp"
 
 using namespace seqattn;
-#if SEQATTN_CATCH3
-using Catch::Matchers::ContainsSubstring;
-#else
-#define ContainsSubstring Catch::Matchers::Contains
-#endif
 
 namespace {
 // One row of 4 tokens: segments [0, 2) and [2, 4).

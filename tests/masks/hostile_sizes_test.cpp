@@ -10,11 +10,6 @@
 #include "support/catch.hpp"
 
 using namespace seqattn;
-#if SEQATTN_CATCH3
-using Catch::Matchers::ContainsSubstring;
-#else
-#define ContainsSubstring Catch::Matchers::Contains
-#endif
 
 namespace {
 constexpr index_t kI64Max = std::numeric_limits<index_t>::max();

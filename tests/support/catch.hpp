@@ -15,3 +15,11 @@
 #include <catch2/catch.hpp>
 #define SEQATTN_CATCH3 0
 #endif
+
+// The substring matcher under one name: Catch2 v3 calls it ContainsSubstring,
+// v2 Contains.
+#if SEQATTN_CATCH3
+using Catch::Matchers::ContainsSubstring;
+#else
+#define ContainsSubstring Catch::Matchers::Contains
+#endif

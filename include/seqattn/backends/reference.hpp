@@ -20,10 +20,11 @@
 
 namespace seqattn::detail {
 
-// Logits of row (b, h, i) into `scores` (-inf where masked); returns their max.
+// Logits of row (b, h, i) into `scores` (-inf where masked); returns their
+// max. `raw`, when given, receives the scaled scores before the variant.
 template <class T, class V>
 double reference_logits(const AttentionProblem<T>& p, const BlockMask& mask, const V& variant, index_t b, index_t h,
-                        index_t i, double scale, std::vector<double>& scores) {
+                        index_t i, double scale, std::vector<double>& scores, std::vector<double>* raw = nullptr) {
   const double neg_inf = -std::numeric_limits<double>::infinity();
   const SequenceGeometry& s = p.sequence(b);
   const MaskContext ctx{b, h, s.q_len, s.kv_len};
@@ -39,6 +40,7 @@ double reference_logits(const AttentionProblem<T>& p, const BlockMask& mask, con
       dot += static_cast<double>(to_float(q[d * p.q_strides.dim])) * to_float(k[d * p.k_strides.dim]);
     }
     x = dot * scale;
+    if (raw) (*raw)[static_cast<std::size_t>(j)] = x;
     if constexpr (HasScoreHook<V>) {
       x = variant.score(static_cast<float>(x), ScoreIndex{b, h, i, j, s.q_len, s.kv_len});
     }
@@ -111,21 +113,10 @@ void reference_backward_row(const BackwardProblem<T>& bp, const BlockMask& mask,
   const index_t kvh = h / p.group;
   std::vector<double> raw(static_cast<std::size_t>(s.kv_len)), z(raw.size(), neg_inf);
   std::vector<double> dq(static_cast<std::size_t>(p.dk), 0.0), o(static_cast<std::size_t>(p.dv), 0.0);
-  const MaskContext ctx{b, h, s.q_len, s.kv_len};
   const T* q = p.q_row(s, i, h);
   const T* d_o = bp.dout.row(b, i, h);
   auto at = [&](const T* row, index_t stride, index_t e) { return static_cast<double>(to_float(row[e * stride])); };
-  double top = neg_inf;
-  for (index_t j = 0; j < s.kv_len; ++j) {
-    if (!mask.allowed(ctx, i, j)) continue;
-    double dot = 0.0;
-    for (index_t d = 0; d < p.dk; ++d) dot += at(q, p.q_strides.dim, d) * at(p.k_row(s, j, kvh), p.k_strides.dim, d);
-    raw[static_cast<std::size_t>(j)] = dot * scale;
-    double x = raw[static_cast<std::size_t>(j)];
-    if constexpr (HasScoreHook<V>) x = variant.score(static_cast<float>(x), ScoreIndex{b, h, i, j, s.q_len, s.kv_len});
-    z[static_cast<std::size_t>(j)] = x;
-    top = std::max(top, x);
-  }
+  double top = reference_logits(p, mask, variant, b, h, i, scale, z, &raw);
   double sink = neg_inf;
   if constexpr (HasSinkHook<V>) {
     if (variant_has_sink(variant)) sink = variant.sink(h);

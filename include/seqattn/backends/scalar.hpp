@@ -81,21 +81,21 @@ struct ScalarKernel {
   // +inf gives P = 0 (rows that saw nothing, padding).
   static void softmax_backward_lanes(float* s, float* dp, index_t cols, index_t rows_p, const float* lse,
                                      const float* delta) {
-    for (index_t j = 0; j < cols; ++j) {
-      for (index_t r = 0; r < rows_p; ++r) {
-        const float p = std::exp(s[j * kBlockQ + r] - lse[r]);
-        s[j * kBlockQ + r] = p;
-        dp[j * kBlockQ + r] = p * (dp[j * kBlockQ + r] - delta[r]);
-      }
-    }
+    softmax_backward<true>(s, dp, cols, rows_p, lse, delta);
   }
   static void softmax_backward_columns(float* s, float* dp, index_t cols, index_t rows_p, const float* lse,
                                        const float* delta) {
+    softmax_backward<false>(s, dp, cols, rows_p, lse, delta);
+  }
+  template <bool kPerLane>
+  static void softmax_backward(float* s, float* dp, index_t cols, index_t rows_p, const float* lse,
+                               const float* delta) {
     for (index_t j = 0; j < cols; ++j) {
       for (index_t r = 0; r < rows_p; ++r) {
-        const float p = std::exp(s[j * kBlockQ + r] - lse[j]);
+        const index_t k = kPerLane ? r : j;
+        const float p = std::exp(s[j * kBlockQ + r] - lse[k]);
         s[j * kBlockQ + r] = p;
-        dp[j * kBlockQ + r] = p * (dp[j * kBlockQ + r] - delta[j]);
+        dp[j * kBlockQ + r] = p * (dp[j * kBlockQ + r] - delta[k]);
       }
     }
   }

@@ -84,21 +84,13 @@ inline std::vector<index_t> longest_first(const std::vector<index_t>& cost) {
 // transpose shares them), so the forward tile bits mask them.
 inline void plan_key_tasks(const AttentionShape& shape, const BlockMask& bm, TiledBackwardWork& w) {
   const BlockMask t = bm.transposed();
-  const bool bits = bm.has_tile_bits();
   std::vector<index_t> cost;
   for (index_t b = 0; b < shape.batch(); ++b) {
     for (index_t kvh = 0; kvh < shape.kv_heads; ++kvh) {
       for (index_t kb = 0; kb < bm.num_kv_blocks(b); ++kb) {
         KeyTask task{b, kvh, kb, w.q_refs.size(), 0};
         for (index_t h = kvh * shape.group(); h < (kvh + 1) * shape.group(); ++h) {
-          for (const BlockRange r : t.full_ranges(b, h, kb)) {
-            for (std::int32_t qb = r.begin; qb < r.end; ++qb) w.q_refs.push_back({h, qb, TileRef::kFull});
-          }
-          const auto partial = t.partial_blocks(b, h, kb);
-          const auto ids = t.partial_tile_ids(b, h, kb);
-          for (std::size_t i = 0; i < partial.size(); ++i) {
-            w.q_refs.push_back({h, partial[i], bits ? ids[i] : TileRef::kPredicate});
-          }
+          for_each_listed_tile(t, b, h, kb, [&](TileRef r) { w.q_refs.push_back({h, r.kv_block, r.tile_id}); });
         }
         task.refs_end = w.q_refs.size();
         cost.push_back(static_cast<index_t>(task.refs_end - task.refs_begin));
@@ -110,7 +102,6 @@ inline void plan_key_tasks(const AttentionShape& shape, const BlockMask& bm, Til
 }
 
 inline void plan_query_tasks(const AttentionShape& shape, const BlockMask& bm, TiledBackwardWork& w) {
-  const bool bits = bm.has_tile_bits();
   std::vector<index_t> cost;
   for (index_t b = 0; b < shape.batch(); ++b) {
     w.row_base.push_back(w.total_rows);
@@ -118,14 +109,7 @@ inline void plan_query_tasks(const AttentionShape& shape, const BlockMask& bm, T
     for (index_t h = 0; h < shape.heads; ++h) {
       for (index_t qb = 0; qb < bm.num_q_blocks(b); ++qb) {
         QueryTask task{b, h, qb, w.tiles.size(), 0};
-        for (const BlockRange r : bm.full_ranges(b, h, qb)) {
-          for (std::int32_t kb = r.begin; kb < r.end; ++kb) w.tiles.push_back({kb, TileRef::kFull});
-        }
-        const auto partial = bm.partial_blocks(b, h, qb);
-        const auto ids = bm.partial_tile_ids(b, h, qb);
-        for (std::size_t i = 0; i < partial.size(); ++i) {
-          w.tiles.push_back({partial[i], bits ? ids[i] : TileRef::kPredicate});
-        }
+        for_each_listed_tile(bm, b, h, qb, [&](TileRef t) { w.tiles.push_back(t); });
         task.tiles_end = w.tiles.size();
         cost.push_back(static_cast<index_t>(task.tiles_end - task.tiles_begin));
         w.query_tasks.push_back(task);

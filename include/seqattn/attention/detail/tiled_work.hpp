@@ -68,6 +68,20 @@ struct TiledWork {
   const WorkUnit& unit_of(index_t task) const { return units[static_cast<std::size_t>(task / splits)]; }
 };
 
+// Calls visit(TileRef) for every tile BlockMask row (b, h, row) lists: the
+// full blocks first, then the partial ones with their stored tile id (or
+// kPredicate when the BlockMask keeps no bits).
+template <class Visit>
+void for_each_listed_tile(const BlockMask& bm, index_t b, index_t h, index_t row, Visit&& visit) {
+  for (const BlockRange r : bm.full_ranges(b, h, row)) {
+    for (std::int32_t block = r.begin; block < r.end; ++block) visit(TileRef{block, TileRef::kFull});
+  }
+  const auto partial = bm.partial_blocks(b, h, row);
+  const auto ids = bm.partial_tile_ids(b, h, row);
+  const bool bits = bm.has_tile_bits();
+  for (std::size_t i = 0; i < partial.size(); ++i) visit(TileRef{partial[i], bits ? ids[i] : TileRef::kPredicate});
+}
+
 // Stacks GQA heads (and K/V heads) into one task when that fits (see top).
 template <class Kernel>
 void choose_row_stacking(const AttentionShape& shape, const BlockMask& bm, index_t& group_heads, index_t& kv_groups) {
@@ -94,21 +108,13 @@ void collect_units(const AttentionShape& shape, const BlockMask& bm, TiledWork& 
   index_t group_heads = 1, kv_groups = 1;
   choose_row_stacking<Kernel>(shape, bm, group_heads, kv_groups);
   w.stack_heads = group_heads > 1;
-  const bool bits = bm.has_tile_bits();
   for (index_t b = 0; b < shape.batch(); ++b) {
     const index_t q_len = shape.q_len(b);
     if (q_len == 0) continue;
     for (index_t h0 = 0; h0 < shape.heads; h0 += group_heads * kv_groups) {
       for (index_t qb = 0; qb < bm.num_q_blocks(b); ++qb) {
         WorkUnit u{b, h0, group_heads, kv_groups, qb, qb * kBq, std::min(q_len, (qb + 1) * kBq), w.tiles.size(), 0};
-        for (const BlockRange r : bm.full_ranges(b, h0, qb)) {
-          for (std::int32_t kb = r.begin; kb < r.end; ++kb) w.tiles.push_back({kb, TileRef::kFull});
-        }
-        const auto partial = bm.partial_blocks(b, h0, qb);
-        const auto ids = bm.partial_tile_ids(b, h0, qb);
-        for (std::size_t i = 0; i < partial.size(); ++i) {
-          w.tiles.push_back({partial[i], bits ? ids[i] : TileRef::kPredicate});
-        }
+        for_each_listed_tile(bm, b, h0, qb, [&](TileRef t) { w.tiles.push_back(t); });
         u.tiles_end = w.tiles.size();
         w.units.push_back(u);
       }

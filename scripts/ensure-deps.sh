@@ -1,7 +1,7 @@
 # Sourced by the other scripts: installs the Debian packages seqattn's build,
 # tests, examples and benchmarks need, when any is missing. Needs root or sudo
 # only when something must be installed.
-seqattn_packages=(cmake make g++ libhwy-dev catch2 libbenchmark-dev)
+seqattn_packages=(cmake make g++ libhwy-dev catch2 libbenchmark-dev clang-format)
 
 seqattn_missing=()
 for pkg in "${seqattn_packages[@]}"; do

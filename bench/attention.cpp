@@ -183,6 +183,68 @@ void BM_DecodeGqa8HeadMajor(benchmark::State& state) {
 BENCHMARK_TEMPLATE(BM_DecodeGqa8HeadMajor, float)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
 BENCHMARK_TEMPLATE(BM_DecodeGqa8, bfloat16)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
 
+// Decode, 8 query heads over 1 KV head (GQA 8/1, MQA-like), d = 128.
+template <class T>
+void BM_DecodeGqa8x1(benchmark::State& state) {
+  run_attention<T>(state, FullMask{}, 1, 1, 32768, 8, 1, 128, static_cast<int>(state.range(0)));
+}
+BENCHMARK_TEMPLATE(BM_DecodeGqa8x1, float)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
+BENCHMARK_TEMPLATE(BM_DecodeGqa8x1, bfloat16)->Arg(2)->Unit(benchmark::kMillisecond)->UseManualTime();
+
+// Decode on a paged K/V cache (vLLM layout [pages, page_size, Hkv, D], pages
+// in a random order): 1 query, 32k keys, heads / kv_heads, d = 128; args:
+// page size, threads. Compare with the contiguous BM_DecodeGqa8 figures.
+template <class T>
+void run_paged_decode(benchmark::State& state, index_t heads, index_t kv_heads) {
+  constexpr index_t kKv = 32768, kDim = 128;
+  const index_t page_size = state.range(0);
+  const int threads = static_cast<int>(state.range(1));
+  const index_t pages = (kKv + page_size - 1) / page_size;
+  const auto q = random_tensor<T>({1, 1, heads, kDim}, 1);
+  const HugeBuffer<T> k({pages, page_size, kv_heads, kDim}, 2), v({pages, page_size, kv_heads, kDim}, 3);
+  std::vector<std::int32_t> table(static_cast<std::size_t>(pages));
+  for (index_t i = 0; i < pages; ++i) table[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+  std::shuffle(table.begin(), table.end(), std::mt19937(7));
+  const std::int32_t kv_len = kKv;
+  const PagedAttentionInputs<T> in{q.view(),
+                                   {k.view(), v.view(), TensorView<const std::int32_t>(table.data(), {1, pages}),
+                                    TensorView<const std::int32_t>(&kv_len, {1})}};
+  Tensor<T> out({1, 1, heads, kDim});
+  Tensor<float> lse({1, heads, 1});
+  const auto plan = plan_attention<backends::Highway>(shape_of(in), FullMask{}, {}, threads);
+  execution::ThreadPool pool(threads);
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    attention_forward(plan, in, out.view(), lse.view(), pool);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state.SetIterationTime(dt);
+    seconds += dt;
+  }
+  const double per_call = seconds / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  const auto& lim = bench::limits();
+  const double gbps = static_cast<double>(kKv * kv_heads * 2 * kDim) * sizeof(T) * 1e-9 / per_call;
+  state.counters["GBps"] = gbps;
+  state.counters["bw_frac"] = gbps / (threads == 1 ? lim.read_gbps_1t : lim.read_gbps_all);
+  state.SetLabel(std::string(backends::Highway::target()) + (std::is_same_v<T, float> ? " f32" : " bf16") + " paged");
+}
+template <class T>
+void BM_PagedDecodeGqa8(benchmark::State& state) {
+  run_paged_decode<T>(state, 32, 4);
+}
+template <class T>
+void BM_PagedDecodeGqa8x1(benchmark::State& state) {
+  run_paged_decode<T>(state, 8, 1);
+}
+BENCHMARK_TEMPLATE(BM_PagedDecodeGqa8, float)
+    ->ArgsProduct({{16, 256}, {2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+BENCHMARK_TEMPLATE(BM_PagedDecodeGqa8, bfloat16)->Args({16, 2})->Unit(benchmark::kMillisecond)->UseManualTime();
+BENCHMARK_TEMPLATE(BM_PagedDecodeGqa8x1, float)->Args({16, 2})->Unit(benchmark::kMillisecond)->UseManualTime();
+
 // Backward pass, causal, d = 128, 8 heads; args: sequence length, threads.
 // Reports the backward time over the forward time (FlashAttention-2's goal
 // is about 2.5x) and GFLOP/s counting 2.5x the forward's FLOPs, as

@@ -115,7 +115,9 @@ AttentionShape shape_of(const AttentionInputs<T>& in) {
   const bool packed = in.segments != nullptr;
   const int rank = packed ? 3 : 4;
   const char* layout = packed ? " (THD layout: [tokens, heads, dim])" : " (BSHD layout: [batch, seq, heads, dim])";
-  detail::require(in.q.rank() == rank, kWho, "q must have rank ", rank, layout, ", got shape ", in.q.shape());
+  detail::require(
+      in.q.rank() == rank, kWho, "q must have rank ", rank, layout, ", got shape ", in.q.shape(),
+      !packed && in.q.rank() == 3 ? " (packed THD input needs a SegmentTable: AttentionInputs{q, k, v, &table})" : "");
   detail::require(in.k.rank() == rank, kWho, "k must have rank ", rank, layout, ", got shape ", in.k.shape());
   detail::require(in.v.rank() == rank, kWho, "v must have rank ", rank, layout, ", got shape ", in.v.shape());
   detail::require(!in.q.shape().any_negative() && !in.k.shape().any_negative() && !in.v.shape().any_negative(), kWho,
@@ -156,6 +158,130 @@ AttentionShape shape_of(const AttentionInputs<T>& in) {
     }
   }
   detail::check_shape_limits(s, "attention");
+  return s;
+}
+
+// A paged K/V cache (vLLM / FlashInfer layout) and the queries that read it.
+//
+//   k_pages      [num_pages, page_size, Hkv, Dk]   pages of keys, any page order
+//   v_pages      [num_pages, page_size, Hkv, Dv]
+//   block_table  [B, max_pages] int32   sequence b's key j lives in page
+//                                       block_table[b][j / page_size], slot j % page_size
+//   kv_lens      [B] int32              keys of each sequence (<= max_pages * page_size)
+//
+// Queries: BSHD q [B, Sq, Hq, Dk] (decode: Sq = 1), or THD q [Tq, Hq, Dk] with
+// cu_seqlens_q [B + 1] (sequence b's queries are tokens [cu[b], cu[b + 1])).
+// Outputs as for AttentionInputs of the same layout. Only the first
+// ceil(kv_lens[b] / page_size) entries of a table row are read; the rest may
+// hold anything (-1 padding). Pages are read in place through the table (no
+// gather copy of the cache): plan with plan_attention(shape_of(paged), mask)
+// and run with attention_forward(plan, paged, out, lse[, variant][, exec]) on
+// any backend (Highway, Scalar, Reference).
+template <class T>
+struct PagedKV {
+  TensorView<const T> k_pages;
+  TensorView<const T> v_pages;
+  TensorView<const std::int32_t> block_table;
+  TensorView<const std::int32_t> kv_lens;
+};
+
+template <class T>
+struct PagedAttentionInputs {
+  TensorView<const T> q;
+  PagedKV<T> kv;
+  TensorView<const std::int32_t> cu_seqlens_q = {};  // THD only: [B + 1]; empty for BSHD q
+};
+
+// The shape of paged inputs (THD when cu_seqlens_q is given), after checking
+// q, the pages, the block table and the lengths against each other: every
+// page a sequence reads must exist.
+template <class T>
+AttentionShape shape_of(const PagedAttentionInputs<T>& in) {
+  constexpr const char* kWho = "attention (paged K/V): ";
+  const PagedKV<T>& kv = in.kv;
+  const bool packed = in.cu_seqlens_q.data() != nullptr || in.cu_seqlens_q.rank() > 0;
+  const int q_rank = packed ? 3 : 4;
+  detail::require(in.q.rank() == q_rank, kWho, "q must have rank ", q_rank,
+                  packed ? " ([tokens, heads, dim] with cu_seqlens_q)" : " ([batch, seq, heads, dim])", ", got shape ",
+                  in.q.shape());
+  detail::require(kv.k_pages.rank() == 4 && kv.v_pages.rank() == 4, kWho,
+                  "k_pages and v_pages must have rank 4 ([num_pages, page_size, kv_heads, dim]), got k_pages ",
+                  kv.k_pages.shape(), " and v_pages ", kv.v_pages.shape());
+  detail::require(kv.block_table.rank() == 2, kWho, "block_table must have rank 2 ([batch, max_pages]), got shape ",
+                  kv.block_table.shape());
+  detail::require(kv.kv_lens.rank() == 1, kWho, "kv_lens must have rank 1 ([batch]), got shape ", kv.kv_lens.shape());
+  detail::require(!in.q.shape().any_negative() && !kv.k_pages.shape().any_negative() &&
+                      !kv.v_pages.shape().any_negative() && !kv.block_table.shape().any_negative(),
+                  kWho, "extents must be non-negative, got q ", in.q.shape(), ", k_pages ", kv.k_pages.shape(),
+                  ", v_pages ", kv.v_pages.shape(), ", block_table ", kv.block_table.shape());
+  detail::require(in.q.data() != nullptr || in.q.size() == 0, kWho, "q has no data");
+  detail::require(kv.k_pages.data() != nullptr || kv.k_pages.size() == 0, kWho, "k_pages has no data");
+  detail::require(kv.v_pages.data() != nullptr || kv.v_pages.size() == 0, kWho, "v_pages has no data");
+  detail::require(kv.block_table.data() != nullptr || kv.block_table.size() == 0, kWho, "block_table has no data");
+  detail::require(kv.kv_lens.data() != nullptr || kv.kv_lens.size() == 0, kWho, "kv_lens has no data");
+  const index_t num_pages = kv.k_pages.extent(0), page_size = kv.k_pages.extent(1);
+  detail::require(kv.v_pages.extent(0) == num_pages && kv.v_pages.extent(1) == page_size &&
+                      kv.v_pages.extent(2) == kv.k_pages.extent(2),
+                  kWho, "k_pages and v_pages must agree in pages, page size and kv heads, got k_pages ",
+                  kv.k_pages.shape(), " and v_pages ", kv.v_pages.shape());
+  detail::require(page_size > 0, kWho, "page_size (k_pages extent 1) must be positive, got k_pages ",
+                  kv.k_pages.shape());
+
+  AttentionShape s;
+  s.layout = packed ? Layout::thd : Layout::bshd;
+  s.heads = in.q.extent(-2);
+  s.kv_heads = kv.k_pages.extent(2);
+  s.dk = in.q.extent(-1);
+  s.dv = kv.v_pages.extent(3);
+  detail::require(kv.k_pages.extent(3) == s.dk, kWho, "q and k_pages must have the same head dim, got q ", in.q.shape(),
+                  " and k_pages ", kv.k_pages.shape());
+  detail::require(s.heads > 0 && s.kv_heads > 0 && s.dk > 0 && s.dv > 0, kWho,
+                  "heads and head dims must be positive, got q ", in.q.shape(), ", k_pages ", kv.k_pages.shape(),
+                  ", v_pages ", kv.v_pages.shape());
+  detail::require(s.heads % s.kv_heads == 0, kWho, "query heads (", s.heads,
+                  ") must be a multiple of key/value heads (", s.kv_heads, "), got q ", in.q.shape(), " and k_pages ",
+                  kv.k_pages.shape());
+
+  const index_t batch = kv.block_table.extent(0), max_pages = kv.block_table.extent(1);
+  detail::require(kv.kv_lens.extent(0) == batch, kWho, "kv_lens has shape ", kv.kv_lens.shape(),
+                  " but block_table has shape ", kv.block_table.shape(), " (one entry per sequence)");
+  if (packed) {
+    detail::require(in.cu_seqlens_q.rank() == 1 && in.cu_seqlens_q.extent(0) == batch + 1, kWho,
+                    "cu_seqlens_q must have shape (", batch + 1, ") for block_table ", kv.block_table.shape(), ", got ",
+                    in.cu_seqlens_q.shape());
+  } else {
+    detail::require(in.q.extent(0) == batch, kWho, "q has shape ", in.q.shape(), " but block_table has shape ",
+                    kv.block_table.shape(), " (the batch sizes differ)");
+  }
+  auto table = [&](index_t b, index_t i) {
+    return kv.block_table.data()[b * kv.block_table.stride(0) + i * kv.block_table.stride(1)];
+  };
+  for (index_t b = 0; b < batch; ++b) {
+    const index_t kv_len = kv.kv_lens.data()[b * kv.kv_lens.stride(0)];
+    detail::require(kv_len >= 0, kWho, "kv_lens[", b, "] = ", kv_len, " is negative");
+    const index_t pages = (kv_len + page_size - 1) / page_size;
+    detail::require(pages <= max_pages, kWho, "kv_lens[", b, "] = ", kv_len, " needs ", pages, " pages of ", page_size,
+                    " tokens but block_table has shape ", kv.block_table.shape(), " (", max_pages,
+                    " pages per sequence)");
+    for (index_t i = 0; i < pages; ++i) {
+      const index_t page = table(b, i);
+      detail::require(page >= 0 && page < num_pages, kWho, "block_table[", b, "][", i, "] = ", page,
+                      " is not a page of k_pages ", kv.k_pages.shape(), " (valid: 0 .. ", num_pages - 1, ")");
+    }
+    index_t q_len = 0;
+    if (packed) {
+      const auto cu = [&](index_t i) { return index_t{in.cu_seqlens_q.data()[i * in.cu_seqlens_q.stride(0)]}; };
+      detail::require(cu(b) >= 0 && cu(b) <= cu(b + 1) && cu(b + 1) <= in.q.extent(0), kWho, "cu_seqlens_q[", b, "..",
+                      b + 1, "] = (", cu(b), ", ", cu(b + 1), ") must be non-decreasing within the q tokens of q ",
+                      in.q.shape());
+      q_len = cu(b + 1) - cu(b);
+    } else {
+      q_len = in.q.extent(1);
+    }
+    s.lengths.q.push_back(q_len);
+    s.lengths.kv.push_back(kv_len);
+  }
+  detail::check_shape_limits(s, "attention (paged K/V)");
   return s;
 }
 

@@ -8,6 +8,7 @@
 
 #include <optional>
 
+#include "seqattn/attention/detail/paged_forward.hpp"
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/detail/tiled_backward.hpp"
 #include "seqattn/attention/detail/tiled_forward.hpp"

@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "seqattn/attention/detail/paged_forward.hpp"
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/plan.hpp"
 #include "seqattn/attention/variants.hpp"

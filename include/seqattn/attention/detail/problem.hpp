@@ -5,10 +5,14 @@
 // element offset into q, k, v, out and lse, plus strides shared by all
 // sequences. Backends address element (token i, head h, dim d) of sequence s
 // as base[s] + i * token_stride + h * head_stride + d * dim_stride, whatever
-// the input layout or strides.
+// the input layout or strides. A paged K/V cache (PagedKV) replaces base[s]
+// for K and V by a page lookup: key j of sequence s is slot j % page_size of
+// page pages[s][j / page_size]; engines ask kv_run() how many keys from j on
+// share a page, so a tile costs one lookup per page it touches.
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -36,6 +40,15 @@ struct SequenceGeometry {
   index_t v_base = 0;
   index_t out_base = 0;
   index_t lse_base = 0;
+  const std::int32_t* pages = nullptr;  // paged K/V: this sequence's block-table row; null: contiguous
+};
+
+// Where a paged cache's pages are (unused when K/V are contiguous).
+struct KvPaging {
+  index_t page_size = 0;
+  index_t table_stride = 1;  // between consecutive entries of a block-table row
+  index_t k_page_stride = 0;
+  index_t v_page_stride = 0;
 };
 
 template <class T>
@@ -52,6 +65,7 @@ struct AttentionProblem {
   index_t group = 1;  // query heads per key/value head
   index_t dk = 0;
   index_t dv = 0;
+  KvPaging paging;
 
   index_t batch() const { return static_cast<index_t>(sequences.size()); }
   const SequenceGeometry& sequence(index_t b) const { return sequences[static_cast<std::size_t>(b)]; }
@@ -59,10 +73,20 @@ struct AttentionProblem {
     return q + s.q_base + i * q_strides.token + h * q_strides.head;
   }
   const T* k_row(const SequenceGeometry& s, index_t j, index_t kv_head) const {
-    return k + s.k_base + j * k_strides.token + kv_head * k_strides.head;
+    const index_t at = s.pages ? paged_offset(s, j, paging.k_page_stride, k_strides) : s.k_base + j * k_strides.token;
+    return k + at + kv_head * k_strides.head;
   }
   const T* v_row(const SequenceGeometry& s, index_t j, index_t kv_head) const {
-    return v + s.v_base + j * v_strides.token + kv_head * v_strides.head;
+    const index_t at = s.pages ? paged_offset(s, j, paging.v_page_stride, v_strides) : s.v_base + j * v_strides.token;
+    return v + at + kv_head * v_strides.head;
+  }
+  // Keys j, j + 1, ... that lie token_stride apart from k_row(s, j) (and v_row).
+  index_t kv_run(const SequenceGeometry& s, index_t j) const {
+    return s.pages ? paging.page_size - j % paging.page_size : s.kv_len - j;
+  }
+  index_t paged_offset(const SequenceGeometry& s, index_t j, index_t page_stride, const TensorStrides& st) const {
+    const index_t page = s.pages[j / paging.page_size * paging.table_stride];
+    return page * page_stride + j % paging.page_size * st.token;
   }
   T* out_row(const SequenceGeometry& s, index_t i, index_t h) const {
     return out + s.out_base + i * out_strides.token + h * out_strides.head;
@@ -216,6 +240,66 @@ BackwardProblem<T> make_backward_problem(const AttentionInputs<T>& in, const Att
           "attention_backward: dsinks must hold one value per query head (", shape.heads, "), got ", dsinks.size());
   bp.dsinks = dsinks;
   return bp;
+}
+
+// The geometry of a paged call; `shape` must be shape_of(in).
+template <class T>
+AttentionProblem<T> make_paged_problem(const PagedAttentionInputs<T>& in, const AttentionShape& shape,
+                                       TensorView<T> out, TensorView<float> lse,
+                                       const char* who = "attention_forward (paged K/V)") {
+  const std::string out_name = concat(who, ": out"), lse_name = concat(who, ": lse");
+  const bool packed = shape.layout == Layout::thd;
+  const PagedKV<T>& kv = in.kv;
+  AttentionProblem<T> p;
+  p.heads = shape.heads;
+  p.kv_heads = shape.kv_heads;
+  p.group = shape.group();
+  p.dk = shape.dk;
+  p.dv = shape.dv;
+  require(out.data() != nullptr || out.size() == 0, who, ": out has no data");
+  p.q = in.q.data();
+  p.k = kv.k_pages.data();
+  p.v = kv.v_pages.data();
+  p.out = out.data();
+  p.lse = lse.data();
+  const int q_rank = packed ? 3 : 4;
+  p.q_strides = {in.q.stride(q_rank - 3), in.q.stride(q_rank - 2), in.q.stride(q_rank - 1)};
+  p.k_strides = {kv.k_pages.stride(1), kv.k_pages.stride(2), kv.k_pages.stride(3)};
+  p.v_strides = {kv.v_pages.stride(1), kv.v_pages.stride(2), kv.v_pages.stride(3)};
+  p.paging = {kv.k_pages.extent(1), kv.block_table.stride(1), kv.k_pages.stride(0), kv.v_pages.stride(0)};
+  const index_t batch = shape.batch();
+  const char* what = "attention_forward (paged K/V): element offset of a sequence";
+  if (!packed) {
+    const index_t sq = in.q.extent(1);
+    require_shape(out, make_extents({batch, sq, p.heads, p.dv}), out_name.c_str());
+    if (p.lse) require_shape(lse, make_extents({batch, p.heads, sq}), lse_name.c_str());
+  } else {
+    const index_t tq = in.q.extent(0);
+    require_shape(out, make_extents({tq, p.heads, p.dv}), out_name.c_str());
+    if (p.lse) require_shape(lse, make_extents({p.heads, tq}), lse_name.c_str());
+  }
+  p.out_strides = {out.stride(q_rank - 3), out.stride(q_rank - 2), out.stride(q_rank - 1)};
+  if (p.lse)
+    p.lse_strides =
+        packed ? TensorStrides{lse.stride(1), lse.stride(0), 0} : TensorStrides{lse.stride(2), lse.stride(1), 0};
+  for (index_t b = 0; b < batch; ++b) {
+    SequenceGeometry g;
+    g.q_len = shape.q_len(b);
+    g.kv_len = shape.kv_len(b);
+    g.pages = kv.block_table.data() + b * kv.block_table.stride(0);
+    if (!packed) {
+      g.q_base = checked_mul(b, in.q.stride(0), what);
+      g.out_base = checked_mul(b, out.stride(0), what);
+      g.lse_base = p.lse ? checked_mul(b, lse.stride(0), what) : 0;
+    } else {
+      const index_t t0 = in.cu_seqlens_q.data()[b * in.cu_seqlens_q.stride(0)];
+      g.q_base = checked_mul(t0, in.q.stride(0), what);
+      g.out_base = checked_mul(t0, out.stride(0), what);
+      g.lse_base = p.lse ? checked_mul(t0, lse.stride(1), what) : 0;
+    }
+    p.sequences.push_back(g);
+  }
+  return p;
 }
 
 }  // namespace seqattn::detail

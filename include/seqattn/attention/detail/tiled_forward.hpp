@@ -3,6 +3,8 @@
 //
 //   load_query_tile      Q rows of the task -> Qt [dk][kBlockQ], pre-scaled
 //   kv_tile              K or V rows of one tile, used in place or staged as fp32
+//                        (load_kv_tile: through the page table of a paged cache;
+//                        decode also prefetches the next tile: prefetch_kv_rows)
 //   Kernel::scores       St = K Qt (transposed scores)
 //   transform_scores     the score variant's hook (softcap, ALiBi, score_mod ...)
 //   mask_tile            -inf where a partial tile's mask says no
@@ -151,6 +153,67 @@ RowsView kv_tile(const T* src, const TensorStrides& s, index_t n, index_t width,
   return {buf, padded_width};
 }
 
+// K (value = false) or V rows [kv0, kv0 + n) of one K/V head: kv_tile on the
+// rows in place where they are evenly strided (always for contiguous K/V; in a
+// paged cache when the tile lies in one page, e.g. pages of 64 or 256 keys),
+// else staged page run by page run, one table lookup per page the tile
+// touches: no gather copy of the cache beyond the tile being computed.
+template <class Kernel, class T>
+RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, index_t kv0,
+                      index_t kv_head, index_t n, index_t width, index_t padded_width, bool in_place, float* buf) {
+  const TensorStrides& s = value ? p.v_strides : p.k_strides;
+  auto row = [&](index_t j) { return value ? p.v_row(seq, j, kv_head) : p.k_row(seq, j, kv_head); };
+  index_t run = p.kv_run(seq, kv0);
+  if (run >= n) return kv_tile<Kernel>(row(kv0), s, n, width, padded_width, in_place, buf);
+  for (index_t j = 0; j < n; j += run, run = p.kv_run(seq, kv0 + j)) {
+    kv_tile<Kernel>(row(kv0 + j), s, std::min(run, n - j), width, padded_width, false, buf + j * padded_width);
+  }
+  return {buf, padded_width};
+}
+
+// Decode (few rows) streams K and V once at a few FLOP per byte. Two knobs,
+// set by measurement on a 2-vCPU Intel Xeon (Cascade Lake, model 85, AVX-512,
+// KVM guest; streaming read 16-18 GB/s with 2 threads), 1 query, 32k keys,
+// d = 128, fp32, 2 threads, medians of 15 calls, two rounds:
+//   - SEQATTN_DECODE_IN_PLACE: fp32 K/V rows are read in place (any token
+//     stride) instead of staged: GQA 32/4 20.6 -> 15.0 ms, 8/1 4.5 -> 3.8 ms.
+//     The staging copy was the larger part of an 8-row tile's 9.4 us (in
+//     cache, 1 thread). (On the 2-vCPU AMD EPYC of highway-inl.h, without
+//     prefetch, staging had won: 13.3 against 19.4 ms.)
+//   - SEQATTN_DECODE_PREFETCH_TILES: rows of the tile that many tiles ahead
+//     are prefetched into L2 (a tile is up to 256 KiB: more than L1) while
+//     this one computes. 1 tile: 0-5% (within the noise of a shared VM); 2
+//     tiles and prefetch into L1 were not consistently better. Kept at 1: one
+//     prefetch per 64 bytes, for where the hardware prefetcher loses the
+//     2 x Hkv interleaved per-head streams or a jump to another page.
+#ifndef SEQATTN_DECODE_IN_PLACE
+#define SEQATTN_DECODE_IN_PLACE 1
+#endif
+#ifndef SEQATTN_DECODE_PREFETCH_LOCALITY
+#define SEQATTN_DECODE_PREFETCH_LOCALITY 2  // _MM_HINT_T1: into L2
+#endif
+#ifndef SEQATTN_DECODE_PREFETCH_TILES
+#define SEQATTN_DECODE_PREFETCH_TILES 1
+#endif
+inline constexpr index_t kDecodePrefetchTiles = SEQATTN_DECODE_PREFETCH_TILES;  // 0: off
+
+template <class T>
+void prefetch_kv_rows(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, index_t kv0, index_t n,
+                      index_t kv_head, index_t width) {
+  const TensorStrides& s = value ? p.v_strides : p.k_strides;
+  const index_t bytes = ((width - 1) * s.dim + 1) * static_cast<index_t>(sizeof(T));
+  const index_t step = s.token * static_cast<index_t>(sizeof(T));
+  for (index_t j = 0; j < n;) {
+    const index_t run = std::min(n - j, p.kv_run(seq, kv0 + j));
+    const char* row =
+        reinterpret_cast<const char*>(value ? p.v_row(seq, kv0 + j, kv_head) : p.k_row(seq, kv0 + j, kv_head));
+    for (index_t r = 0; r < run; ++r, row += step) {
+      for (index_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, SEQATTN_DECODE_PREFETCH_LOCALITY);
+    }
+    j += run;
+  }
+}
+
 // Sets St to -inf where a partial tile's mask disallows: from the plan's
 // column bits (a vector of rows per mask load), from the BlockMask's row bits,
 // or from the mask's element predicate when no bits were stored.
@@ -260,17 +323,29 @@ void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel
   std::fill_n(l, kBq, 0.0f);
   std::fill_n(o, t.rows_p * c.w.dvp, 0.0f);
   const bool many_rows = t.rows > kBq / 4;
+  const bool decode_in_place = SEQATTN_DECODE_IN_PLACE && std::is_same_v<T, float>;
+  const bool k_in_place = many_rows ? c.k_in_place : decode_in_place && p.k_strides.dim == 1;
+  const bool v_in_place = many_rows ? c.v_in_place : decode_in_place && p.v_strides.dim == 1 && c.w.dvp == p.dv;
 
   const index_t n = u.num_tiles();
   for (index_t i = n * split / c.w.splits; i < n * (split + 1) / c.w.splits; ++i) {
     const TileRef ref = c.w.tiles[u.tiles_begin + static_cast<std::size_t>(i)];
     const index_t kv0 = static_cast<index_t>(ref.kv_block) * kBkv;
     const index_t cols = std::min(kBkv, seq.kv_len - kv0);
+    // Decode: a tile kDecodePrefetchTiles ahead in this task, one K/V head at a time below.
+    const index_t ahead = i + kDecodePrefetchTiles;
+    const bool prefetch = kDecodePrefetchTiles > 0 && !many_rows && ahead < n * (split + 1) / c.w.splits;
+    const index_t next_kv0 =
+        prefetch ? static_cast<index_t>(c.w.tiles[u.tiles_begin + static_cast<std::size_t>(ahead)].kv_block) * kBkv : 0;
+    const index_t next_cols = prefetch ? std::min(kBkv, seq.kv_len - next_kv0) : 0;
     for (index_t g = 0; g < u.kv_groups; ++g) {
       const index_t kv_head = u.head0 / p.group + g;
+      if (prefetch) {
+        prefetch_kv_rows(p, seq, false, next_kv0, next_cols, kv_head, p.dk);
+        prefetch_kv_rows(p, seq, true, next_kv0, next_cols, kv_head, p.dv);
+      }
       const index_t r0 = g * t.group_rows;
-      const RowsView k = kv_tile<Kernel>(p.k_row(seq, kv0, kv_head), p.k_strides, cols, p.dk, p.dk,
-                                         c.k_in_place && many_rows, sc.kbuf.get());
+      const RowsView k = load_kv_tile<Kernel>(p, seq, false, kv0, kv_head, cols, p.dk, p.dk, k_in_place, sc.kbuf.get());
       const ScoreTile tile{
           sc.st.get() + r0,        kBq,        t.group_rows, t.group_rows_p, cols,      sc.row_q.data() + r0,
           sc.row_head.data() + r0, u.sequence, kv0,          seq.q_len,      seq.kv_len};
@@ -278,8 +353,8 @@ void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel
       transform_scores<Kernel>(c.variant, tile);
       mask_tile<Kernel>(c.w.column_bits, c.w.column_tile_bytes, c.bm, ref, tile, u.q_block);
       Kernel::online_softmax(tile.scores, cols, t.group_rows_p, m + r0, l + r0, sc.alpha.get() + r0);
-      const RowsView v = kv_tile<Kernel>(p.v_row(seq, kv0, kv_head), p.v_strides, cols, p.dv, c.w.dvp,
-                                         c.v_in_place && many_rows, sc.vbuf.get());
+      const RowsView v =
+          load_kv_tile<Kernel>(p, seq, true, kv0, kv_head, cols, p.dv, c.w.dvp, v_in_place, sc.vbuf.get());
       Kernel::accumulate_pv(tile.scores, t.group_rows, cols, v.rows, v.stride, c.w.dvp, sc.alpha.get() + r0,
                             o + r0 * c.w.dvp);
     }

@@ -1,0 +1,197 @@
+// AnyMask: a type-erased mask description.
+//
+// Every description in masks/ is a distinct value type, so a mask chosen at
+// run time (from a config file, from Python, composed by a user) cannot name
+// its type at compile time. AnyMask holds any MaskDescription behind one
+// virtual wrapper and is itself a MaskDescription: it composes with `&`, `|`,
+// `~`, nests inside DocumentMask / PerHeadMask, and feeds every builder and
+// the attention engine.
+//
+//   seqattn::AnyMask m = seqattn::CausalMask{};
+//   m = seqattn::AnyMask(m & ~seqattn::SlidingWindowMask{128, 0});
+//   auto layout = std::make_shared<const seqattn::DocumentLayout>(seqattn::DocumentLayout::from_segment_ids(ids));
+//   seqattn::AnyMask doc(seqattn::document_mask(*layout, m), layout);  // keeps the layout alive
+//
+// Answers are exactly those of the wrapped description: allowed and classify
+// are forwarded, and so are the optional hooks, as far as a type that cannot
+// change its interface at run time can carry them:
+//   - kv_span is always offered: forwarded when the description has one,
+//     else the always-sound "any key, no key for sure" span, which makes the
+//     BlockMask builder visit every tile exactly as it would for the
+//     description itself;
+//   - row_bits is always offered and writes what the builders would write
+//     for the description (its interval, its own row_bits, or its predicate),
+//     so tile bits stay word-at-a-time for interval masks;
+//   - check is forwarded;
+//   - row_interval / first_row_reaching are not offered (AnyMask cannot
+//     promise interval rows for every description); an `and` of two interval
+//     masks keeps its O(1) classes when composed before erasure;
+//   - head invariance is a run-time property (invariant_over_heads());
+//     build_block_mask below stores one head for invariant masks, as it does
+//     for invariant descriptions.
+//
+// Cost: one virtual call per question, a shared_ptr copy per copy. Data a
+// description views (DocumentLayout, TopKLayout, spans) can be owned by the
+// AnyMask through the `owner` argument.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+
+#include "seqattn/core/tensor.hpp"
+#include "seqattn/masks/block_mask.hpp"
+#include "seqattn/masks/combinators.hpp"
+#include "seqattn/masks/concept.hpp"
+#include "seqattn/masks/document.hpp"
+#include "seqattn/masks/structural.hpp"
+
+namespace seqattn {
+
+namespace detail {
+
+// is_head_invariant<M>(), but looking through the combinators at run time, so
+// that AndMask<AnyMask, AnyMask> of two invariant AnyMasks is invariant (its
+// compile-time answer must be false). All declared before any is defined:
+// they call each other, and ADL would not find later ones (namespace detail).
+template <class M>
+bool runtime_head_invariant(const M& m);
+template <class A, class B>
+bool runtime_head_invariant(const AndMask<A, B>& m);
+template <class A, class B>
+bool runtime_head_invariant(const OrMask<A, B>& m);
+template <class A>
+bool runtime_head_invariant(const NotMask<A>& m);
+template <class Inner>
+bool runtime_head_invariant(const DocumentMask<Inner>& m);
+
+template <class A, class B>
+bool runtime_head_invariant(const AndMask<A, B>& m) {
+  return runtime_head_invariant(m.a) && runtime_head_invariant(m.b);
+}
+template <class A, class B>
+bool runtime_head_invariant(const OrMask<A, B>& m) {
+  return runtime_head_invariant(m.a) && runtime_head_invariant(m.b);
+}
+template <class A>
+bool runtime_head_invariant(const NotMask<A>& m) {
+  return runtime_head_invariant(m.a);
+}
+template <class Inner>
+bool runtime_head_invariant(const DocumentMask<Inner>& m) {
+  return runtime_head_invariant(m.inner);
+}
+template <class M>
+bool runtime_head_invariant(const M& m) {
+  if constexpr (requires { m.invariant_over_heads(); }) {
+    return m.invariant_over_heads();  // AnyMask
+  } else {
+    return is_head_invariant<M>();
+  }
+}
+
+}  // namespace detail
+
+class AnyMask {
+ public:
+  // A default AnyMask allows everything (FullMask), so containers of masks
+  // and "no mask" arguments need no special case.
+  AnyMask() : AnyMask(FullMask{}) {}
+
+  // Wraps `mask`. `owner` is kept alive as long as any copy of this AnyMask:
+  // pass the owning object of whatever `mask` views.
+  template <MaskDescription M>
+  requires(!std::is_same_v<std::remove_cvref_t<M>, AnyMask>) AnyMask(  // NOLINT(google-explicit-constructor)
+      M mask, std::shared_ptr<const void> owner = {})
+      : impl_(std::make_shared<const Model<M>>(std::move(mask), std::move(owner))) {}
+
+  bool allowed(const MaskContext& ctx, index_t q, index_t kv) const { return impl_->allowed(ctx, q, kv); }
+  TileClass classify(const MaskContext& ctx, const Tile& t) const { return impl_->classify(ctx, t); }
+  KvSpan kv_span(const MaskContext& ctx, index_t q_begin, index_t q_end) const {
+    return impl_->kv_span(ctx, q_begin, q_end);
+  }
+  void row_bits(const MaskContext& ctx, index_t q, index_t kv_begin, index_t kv_end, std::uint64_t* words) const {
+    impl_->row_bits(ctx, q, kv_begin, kv_end, words);
+  }
+  void check(const RaggedLengths& lengths, index_t heads) const { impl_->check(lengths, heads); }
+
+  // Whether the wrapped description answers alike for every head: its
+  // head_invariant, looking through and / or / not / document of AnyMasks.
+  bool invariant_over_heads() const { return impl_->invariant_over_heads(); }
+  // Whether the wrapped description has the optional hooks (for tests and tools).
+  bool has_kv_span() const { return impl_->has_kv_span(); }
+  bool has_interval_rows() const { return impl_->has_interval_rows(); }
+  const std::type_info& target_type() const { return impl_->type(); }
+  // The wrapped description when it is an M, else null (like std::function::target).
+  template <class M>
+  const M* target() const {
+    return impl_->type() == typeid(M) ? &static_cast<const Model<M>*>(impl_.get())->mask : nullptr;
+  }
+
+ private:
+  struct Concept {
+    Concept() = default;
+    Concept(const Concept&) = delete;
+    Concept& operator=(const Concept&) = delete;
+    virtual ~Concept() = default;
+    virtual bool allowed(const MaskContext& ctx, index_t q, index_t kv) const = 0;
+    virtual TileClass classify(const MaskContext& ctx, const Tile& t) const = 0;
+    virtual KvSpan kv_span(const MaskContext& ctx, index_t q_begin, index_t q_end) const = 0;
+    virtual void row_bits(const MaskContext& ctx, index_t q, index_t kv_begin, index_t kv_end,
+                          std::uint64_t* words) const = 0;
+    virtual void check(const RaggedLengths& lengths, index_t heads) const = 0;
+    virtual bool invariant_over_heads() const = 0;
+    virtual bool has_kv_span() const = 0;
+    virtual bool has_interval_rows() const = 0;
+    virtual const std::type_info& type() const = 0;
+  };
+
+  template <class M>
+  struct Model final : Concept {
+    M mask;
+    std::shared_ptr<const void> owner;
+
+    Model(M m, std::shared_ptr<const void> o) : mask(std::move(m)), owner(std::move(o)) {}
+
+    bool allowed(const MaskContext& ctx, index_t q, index_t kv) const override { return mask.allowed(ctx, q, kv); }
+    TileClass classify(const MaskContext& ctx, const Tile& t) const override { return mask.classify(ctx, t); }
+    KvSpan kv_span(const MaskContext& ctx, index_t q_begin, index_t q_end) const override {
+      if constexpr (HasKvSpan<M>) {
+        return mask.kv_span(ctx, q_begin, q_end);
+      } else {
+        // Sound for any mask: no key is excluded and none is promised.
+        return q_end > q_begin ? KvSpan{0, ctx.kv_len, 0, 0} : KvSpan{};
+      }
+    }
+    void row_bits(const MaskContext& ctx, index_t q, index_t kv_begin, index_t kv_end,
+                  std::uint64_t* words) const override {
+      detail::fill_row_bits(mask, ctx, q, kv_begin, kv_end, words);
+    }
+    void check(const RaggedLengths& lengths, index_t heads) const override {
+      if constexpr (HasCheck<M>) mask.check(lengths, heads);
+    }
+    bool invariant_over_heads() const override { return detail::runtime_head_invariant(mask); }
+    bool has_kv_span() const override { return HasKvSpan<M>; }
+    bool has_interval_rows() const override { return IntervalRowMask<M>; }
+    const std::type_info& type() const override { return typeid(M); }
+  };
+
+  std::shared_ptr<const Concept> impl_;
+};
+
+// The BlockMask of an AnyMask: like the generic builder, but a mask whose
+// wrapped description is head-invariant is built once for all heads (one
+// stored head), which the generic builder can only decide at compile time.
+// Preferred over the template for AnyMask arguments, including inside
+// plan_attention and make_attention_block_mask.
+inline BlockMask build_block_mask(const AnyMask& mask, RaggedLengths lengths, index_t heads, BlockShape block = {},
+                                  BlockMaskOptions options = {}) {
+  if (!mask.invariant_over_heads()) return build_block_mask<AnyMask>(mask, std::move(lengths), heads, block, options);
+  detail::check_mask(mask, lengths, heads);  // with the real head count: a description may check it
+  return build_block_mask<AnyMask>(mask, std::move(lengths), 1, block, options);
+}
+
+}  // namespace seqattn

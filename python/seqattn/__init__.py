@@ -1,0 +1,92 @@
+"""seqattn: packed and ragged attention.
+
+Descriptors (TransformerEngine semantics), masks compiled into every
+representation, and a tiled online-softmax attention engine on the CPU, from
+NumPy (or anything DLPack / array-like). ``seqattn.jax`` runs the same engine
+inside ``jax.jit`` through the XLA FFI.
+
+Errors in the inputs raise ``ValueError`` naming the argument and the shapes.
+"""
+
+from . import _core
+from ._core import (
+    Alignment,
+    AttnMaskType,
+    BlockMask,
+    ChunkedCausalMask,
+    CausalMask,
+    DEFAULT_MASK_VALUE,
+    DenseMask as _DenseMask,
+    DocumentMask as _DocumentMask,
+    FullMask,
+    Mask,
+    MultiItemMask as _MultiItemMask,
+    PackedSegments,
+    PerHeadMask,
+    PrefixLMMask as _PrefixLMMask,
+    SeqLayout,
+    SeqlensAndOffsets,
+    SlidingWindowMask,
+    TileClass,
+    TopKMask as _TopKMask,
+)
+from .attention import attention, attention_backward
+from .descriptors import (
+    QKVFormat,
+    QKVLayout,
+    SequenceDescriptor,
+    get_seqlens_and_offsets,
+    pack_segments,
+)
+from .masks import (
+    DenseMask,
+    DocumentMask,
+    MultiItemMask,
+    PrefixLMMask,
+    TopKMask,
+    block_mask,
+    pack_bits,
+    to_additive,
+    to_ascii,
+    to_dense,
+    to_svg,
+)
+
+simd_target = _core.simd_target
+__version__ = "0.1.0"
+
+__all__ = [
+    "Alignment",
+    "AttnMaskType",
+    "BlockMask",
+    "CausalMask",
+    "ChunkedCausalMask",
+    "DEFAULT_MASK_VALUE",
+    "DenseMask",
+    "DocumentMask",
+    "FullMask",
+    "Mask",
+    "MultiItemMask",
+    "PackedSegments",
+    "PerHeadMask",
+    "PrefixLMMask",
+    "QKVFormat",
+    "QKVLayout",
+    "SeqLayout",
+    "SeqlensAndOffsets",
+    "SequenceDescriptor",
+    "SlidingWindowMask",
+    "TileClass",
+    "TopKMask",
+    "attention",
+    "attention_backward",
+    "block_mask",
+    "get_seqlens_and_offsets",
+    "pack_bits",
+    "pack_segments",
+    "simd_target",
+    "to_additive",
+    "to_ascii",
+    "to_dense",
+    "to_svg",
+]

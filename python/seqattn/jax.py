@@ -1,0 +1,170 @@
+"""seqattn's CPU attention engine inside ``jax.jit``, through the XLA FFI.
+
+``attention(q, k, v, mask=..., segment_ids=..., positions=...)`` takes BSHD
+arrays ``[..., S, H, D]`` (any leading dims: batch, vmapped dims), float32 or
+bfloat16, and runs the C++ engine as a CPU custom call. It is differentiable
+(``jax.custom_vjp`` with the engine's deterministic backward pass; the
+returned LSE is not differentiated) and batches under ``vmap``.
+
+Differences from ``jax.nn.dot_product_attention``: a query row that may
+attend to no key gets output 0 (not the mean of ``v`` / NaN); masks are
+seqattn masks (any composition), not dense arrays; the layout names are
+``[batch, seq, heads, dim]`` for both.
+
+The mask is static (part of the compiled computation): each distinct mask
+object is registered once and kept for the life of the process. Segment ids
+and positions are traced arrays ``[..., S]`` (int32; 0 = padding).
+Errors found while running (e.g. malformed segment ids) surface as the
+XLA runtime error raised by JAX, with seqattn's message.
+"""
+
+import functools
+import math
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from . import _core
+from ._core import FullMask, Mask
+
+__all__ = ["attention"]
+
+_FORWARD = "seqattn_attention_forward"
+_BACKWARD = "seqattn_attention_backward"
+_registered = False
+_masks = {}  # id(mask) -> (mask, registry id); holding the mask keeps its id() unique
+_FULL = FullMask()
+
+
+def _register_targets():
+    global _registered
+    if _registered:
+        return
+    if not _core.has_xla_ffi:
+        raise RuntimeError(
+            "seqattn.jax: this build of seqattn has no XLA FFI handlers (jax was not installed when it was "
+            "built); reinstall seqattn with jax present"
+        )
+    for name, capsule in _core.ffi_handlers().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+    _registered = True
+
+
+def _mask_id(mask):
+    if mask is None:
+        mask = _FULL
+    if not isinstance(mask, Mask):
+        raise ValueError(f"seqattn.jax.attention: mask must be a seqattn.Mask or None, got {type(mask).__name__}")
+    entry = _masks.get(id(mask))
+    if entry is None:
+        entry = (mask, _core.register_ffi_mask(mask))
+        _masks[id(mask)] = entry
+    return entry[1]
+
+
+def _none_ids():
+    return jnp.zeros((0,), jnp.int32)
+
+
+def _attrs(mask_id, scale, softcap, threads):
+    return dict(
+        mask_id=np.int64(mask_id), scale=np.float32(scale), softcap=np.float32(softcap), threads=np.int64(threads)
+    )
+
+
+def _forward_call(q, k, v, ids, mask_id, scale, softcap, threads):
+    out_type = jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype)
+    lse_type = jax.ShapeDtypeStruct(q.shape[:-3] + (q.shape[-2], q.shape[-3]), jnp.float32)
+    call = jax.ffi.ffi_call(_FORWARD, (out_type, lse_type), vmap_method="broadcast_all")
+    return call(q, k, v, *ids, **_attrs(mask_id, scale, softcap, threads))
+
+
+def _backward_call(q, k, v, out, lse, dout, ids, mask_id, scale, softcap, threads):
+    types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
+    call = jax.ffi.ffi_call(_BACKWARD, types, vmap_method="broadcast_all")
+    return call(q, k, v, out, lse, dout, *ids, **_attrs(mask_id, scale, softcap, threads))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _attention(q, k, v, ids, mask_id, scale, softcap, threads):
+    return _forward_call(q, k, v, ids, mask_id, scale, softcap, threads)
+
+
+def _attention_fwd(q, k, v, ids, mask_id, scale, softcap, threads):
+    out, lse = _forward_call(q, k, v, ids, mask_id, scale, softcap, threads)
+    return (out, lse), (q, k, v, ids, out, lse)
+
+
+def _attention_bwd(mask_id, scale, softcap, threads, residuals, cotangents):
+    q, k, v, ids, out, lse = residuals
+    dout, _ = cotangents  # the LSE is returned under stop_gradient
+    dq, dk, dv = _backward_call(q, k, v, out, lse, dout.astype(q.dtype), ids, mask_id, scale, softcap, threads)
+    return dq, dk, dv, tuple(None for _ in ids)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _ids(x, like, name):
+    if x is None:
+        return _none_ids()
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"seqattn.jax.attention: {name} must be an integer array, got {x.dtype}")
+    if x.shape != like.shape[:-2]:
+        raise ValueError(
+            f"seqattn.jax.attention: {name} must have shape {like.shape[:-2]} ([..., S] of an array of shape "
+            f"{like.shape}), got {x.shape}"
+        )
+    return x.astype(jnp.int32)
+
+
+def attention(q, k, v, mask=None, *, segment_ids=None, positions=None, kv_segment_ids=None, kv_positions=None,
+              scale=None, softcap=None, threads=None, return_lse=False):
+    """softmax(mask(softcap(scale * q k^T))) v on seqattn's CPU engine, as a JAX custom call.
+
+    q ``[..., Sq, Hq, Dk]``, k ``[..., Skv, Hkv, Dk]``, v ``[..., Skv, Hkv, Dv]``
+    (Hq a multiple of Hkv); returns out ``[..., Sq, Hq, Dv]`` and, with
+    ``return_lse``, the LSE ``[..., Hq, Sq]`` (not differentiated).
+    ``segment_ids`` / ``positions`` ``[..., S]`` add a document mask (``mask``
+    then applies at the positions within each segment); ``kv_*`` give the key
+    side when it differs. ``scale`` defaults to 1/sqrt(Dk).
+    """
+    _register_targets()
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    if q.dtype not in (jnp.float32, jnp.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(
+            f"seqattn.jax.attention: q, k and v must all be float32 or all bfloat16, got {q.dtype}, {k.dtype}, "
+            f"{v.dtype}"
+        )
+    if q.ndim < 4 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(
+            f"seqattn.jax.attention: q, k, v must be [..., S, H, D] with at least one batch dim and the same rank, "
+            f"got {q.shape}, {k.shape}, {v.shape}"
+        )
+    if q.shape[:-3] != k.shape[:-3] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"seqattn.jax.attention: shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape} (batch dims equal, "
+            "k and v of the same tokens and heads, q and k of the same head dim)"
+        )
+    if positions is not None and segment_ids is None:
+        raise ValueError("seqattn.jax.attention: positions given without segment_ids")
+    if (kv_segment_ids is not None or kv_positions is not None) and segment_ids is None:
+        raise ValueError("seqattn.jax.attention: kv_segment_ids / kv_positions given without segment_ids")
+    ids = (
+        _ids(segment_ids, q, "segment_ids"),
+        _ids(kv_segment_ids, k, "kv_segment_ids"),
+        _ids(positions, q, "positions"),
+        _ids(kv_positions, k, "kv_positions"),
+    )
+    scale = math.nan if scale is None else float(scale)
+    softcap = 0.0 if softcap is None else float(softcap)
+    threads = 0 if threads is None else int(threads)
+    if threads < 0:
+        raise ValueError(f"seqattn.jax.attention: threads must be >= 0 (0 = all hardware threads), got {threads}")
+    out, lse = _attention(q, k, v, ids, _mask_id(mask), scale, softcap, threads)
+    if return_lse:
+        return out, jax.lax.stop_gradient(lse)
+    return out

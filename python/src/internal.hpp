@@ -1,0 +1,133 @@
+// Helpers shared by the binding files of seqattn._core (not part of the
+// contract with other engineers' files: that is bindings.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "seqattn/core/error.hpp"
+#include "seqattn/core/segments.hpp"
+#include "seqattn/core/tensor.hpp"
+#include "seqattn/masks/any_mask.hpp"
+#include "seqattn/masks/block_mask.hpp"
+
+namespace seqattn::python {
+
+namespace nb = nanobind;
+
+template <class T>
+using CpuArray = nb::ndarray<const T, nb::device::cpu>;
+template <class T>
+using NumpyArray = nb::ndarray<nb::numpy, T>;
+
+// A strided view of a NumPy/DLPack array (strides in elements, as both use).
+template <class T>
+TensorView<const T> view_of(const CpuArray<T>& a, const char* name) {
+  detail::require(a.ndim() <= static_cast<std::size_t>(kMaxRank), name, ": at most ", kMaxRank,
+                  " dims are supported, got ", a.ndim());
+  Extents shape;
+  Strides strides;
+  for (std::size_t d = 0; d < a.ndim(); ++d) {
+    shape.push_back(static_cast<index_t>(a.shape(d)));
+    strides.push_back(static_cast<index_t>(a.stride(d)));
+  }
+  return TensorView<const T>(a.data(), shape, strides);
+}
+
+template <class T>
+TensorView<T> mutable_view_of(const nb::ndarray<T, nb::device::cpu>& a) {
+  Extents shape;
+  Strides strides;
+  for (std::size_t d = 0; d < a.ndim(); ++d) {
+    shape.push_back(static_cast<index_t>(a.shape(d)));
+    strides.push_back(static_cast<index_t>(a.stride(d)));
+  }
+  return TensorView<T>(a.data(), shape, strides);
+}
+
+// Hands an owning container to NumPy without a copy: the capsule deletes it
+// when the array dies. `As` reinterprets the element type (uint8 -> bool).
+template <class As = void, class Container>
+auto to_numpy(Container&& c, const Extents& shape) {
+  using C = std::remove_cvref_t<Container>;
+  using T = std::remove_cvref_t<decltype(*c.data())>;
+  using Out = std::conditional_t<std::is_void_v<As>, T, As>;
+  static_assert(sizeof(Out) == sizeof(T));
+  auto* heap = new C(std::forward<Container>(c));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<C*>(p); });
+  std::vector<std::size_t> dims;
+  for (index_t d : shape.dims()) dims.push_back(static_cast<std::size_t>(d));
+  // NumPy wants a non-null pointer even for an empty array.
+  static T dummy{};
+  T* data = heap->data() != nullptr ? heap->data() : &dummy;
+  return NumpyArray<Out>(reinterpret_cast<Out*>(data), dims.size(), dims.data(), owner);
+}
+
+template <class T>
+NumpyArray<T> to_numpy(Tensor<T>&& t) {
+  const Extents shape = t.shape();
+  return to_numpy(std::move(t), shape);
+}
+
+template <class T>
+NumpyArray<T> to_numpy(const Tensor<T>& t) {
+  return to_numpy(Tensor<T>(t));
+}
+
+template <class T>
+NumpyArray<T> to_numpy(std::vector<T>&& v) {
+  const Extents shape{static_cast<index_t>(v.size())};
+  return to_numpy(std::move(v), shape);
+}
+
+// What a Python mask object holds: the description, how it prints, and the
+// lengths / head count its own data implies (document, top-k, dense, ...).
+struct PyMask {
+  AnyMask mask;
+  std::string repr;
+  std::string kind;
+  std::optional<RaggedLengths> lengths;
+  std::optional<index_t> heads;
+};
+
+// What a Python BlockMask object holds (shared with plans).
+struct PyBlockMask {
+  std::shared_ptr<const BlockMask> block_mask;
+};
+
+void bind_descriptors(nb::module_& m);
+void bind_masks(nb::module_& m);
+void bind_attention(nb::module_& m);
+void bind_jax_ffi(nb::module_& m);
+
+// The engine, shared by the NumPy bindings and the XLA FFI handlers (so the
+// Highway kernels are compiled in one translation unit). Outputs are
+// caller-allocated; the caller has set them to 0 / -inf where tokens may stay
+// unwritten (THD gaps). Threads: 0 = all hardware threads; pools are cached.
+struct EngineCall {
+  const AnyMask* mask = nullptr;           // null: FullMask
+  const SegmentTable* segments = nullptr;  // THD when set
+  float scale = std::numeric_limits<float>::quiet_NaN();
+  float softcap = 0.0f;
+  std::span<const float> sinks = {};
+  int threads = 1;
+};
+
+template <class T>
+void run_forward(const EngineCall& call, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                 TensorView<T> out, TensorView<float> lse);
+
+template <class T>
+void run_backward(const EngineCall& call, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                  TensorView<const T> out, TensorView<const float> lse, TensorView<const T> dout, TensorView<T> dq,
+                  TensorView<T> dk, TensorView<T> dv);
+
+}  // namespace seqattn::python

@@ -1,0 +1,247 @@
+// XLA FFI handlers: seqattn's CPU engine as JAX custom calls (seqattn.jax).
+//
+// Masks cannot travel as FFI attributes (only scalars and strings do), so a
+// Python mask is registered once (register_ffi_mask) and the call carries its
+// index as the static attribute `mask_id`. Segment ids and positions are
+// operands (traced arrays); a zero-size operand means "not given".
+//
+// Layout: BSHD with any number of leading dims folded into the batch, which
+// is what vmap with vmap_method="broadcast_all" hands over: q [..., S, H, D],
+// ids [..., S], lse [..., H, S].
+#include <memory>
+#include <mutex>
+#include <nanobind/nanobind.h>
+#include <string>
+#include <vector>
+
+#include "bindings.hpp"
+#include "internal.hpp"
+
+#ifdef SEQATTN_PY_HAVE_XLA_FFI
+#include "seqattn/core/bfloat16.hpp"
+#include "seqattn/masks/document.hpp"
+
+#include "xla/ffi/api/ffi.h"
+#endif
+
+namespace seqattn::python {
+
+#ifdef SEQATTN_PY_HAVE_XLA_FFI
+namespace ffi = xla::ffi;
+
+namespace {
+
+// Registered masks live for the process: a compiled computation may run long
+// after the Python object that named its mask is gone.
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<AnyMask>& registry() {
+  static auto* masks = new std::vector<AnyMask>();
+  return *masks;
+}
+
+AnyMask registered_mask(std::int64_t id) {
+  std::lock_guard lock(registry_mutex());
+  detail::require(id >= 0 && id < static_cast<std::int64_t>(registry().size()), "seqattn.jax: mask id ", id,
+                  " was never registered");
+  return registry()[static_cast<std::size_t>(id)];
+}
+
+Extents dims_of(ffi::Span<const std::int64_t> d) {
+  Extents e;
+  for (std::int64_t x : d) e.push_back(static_cast<index_t>(x));
+  return e;
+}
+
+// [..., a, b, c] -> [prod(...), a, b, c] (row-major buffers: a reshape).
+Extents fold_leading(const Extents& e, int keep, const char* name) {
+  detail::require(e.rank() >= keep + 1, "seqattn.jax: ", name, " must have at least ", keep + 1, " dims, got shape ",
+                  e);
+  Extents out{e.drop_last(keep).size()};
+  for (int i = e.rank() - keep; i < e.rank(); ++i) out.push_back(e[i]);
+  return out;
+}
+
+template <class T>
+TensorView<const T> input(ffi::AnyBuffer b, int keep, const char* name) {
+  return TensorView<const T>(static_cast<const T*>(b.untyped_data()),
+                             fold_leading(dims_of(b.dimensions()), keep, name));
+}
+
+template <class T>
+TensorView<T> output(ffi::Result<ffi::AnyBuffer>& b, int keep, const char* name) {
+  return TensorView<T>(static_cast<T*>(b->untyped_data()), fold_leading(dims_of(b->dimensions()), keep, name));
+}
+
+TensorView<const std::int32_t> ids_view(ffi::Buffer<ffi::S32> b, const char* name) {
+  if (b.element_count() == 0) return {};
+  return TensorView<const std::int32_t>(b.typed_data(), fold_leading(dims_of(b.dimensions()), 1, name));
+}
+
+// The call's mask: the registered one, inside a document mask when segment
+// ids are given. The layout only has to outlive the call.
+struct CallMask {
+  std::unique_ptr<DocumentLayout> layout;
+  AnyMask mask;
+};
+
+CallMask call_mask(std::int64_t mask_id, ffi::Buffer<ffi::S32> q_ids, ffi::Buffer<ffi::S32> kv_ids,
+                   ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos) {
+  CallMask c;
+  c.mask = registered_mask(mask_id);
+  const auto qi = ids_view(q_ids, "q_segment_ids");
+  if (qi.rank() == 0) return c;
+  const auto ki = kv_ids.element_count() == 0 ? qi : ids_view(kv_ids, "kv_segment_ids");
+  const auto qp = ids_view(q_pos, "q_positions");
+  const auto kp = kv_pos.element_count() == 0 ? qp : ids_view(kv_pos, "kv_positions");
+  c.layout = std::make_unique<DocumentLayout>(DocumentLayout::from_segment_ids(qi, ki, qp, kp));
+  c.mask = AnyMask(document_mask(*c.layout, c.mask));
+  return c;
+}
+
+EngineCall engine_call(const AnyMask& mask, float scale, float softcap, std::int64_t threads) {
+  EngineCall c;
+  c.mask = &mask;
+  c.scale = scale;
+  c.softcap = softcap;
+  c.threads = static_cast<int>(threads);
+  return c;
+}
+
+template <class T>
+void forward_typed(const EngineCall& call, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                   ffi::Result<ffi::AnyBuffer>& out, ffi::Result<ffi::Buffer<ffi::F32>>& lse) {
+  const auto lse_dims = fold_leading(dims_of(lse->dimensions()), 2, "lse");
+  run_forward<T>(call, input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), output<T>(out, 3, "out"),
+                 TensorView<float>(lse->typed_data(), lse_dims));
+}
+
+ffi::Error forward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> q_ids,
+                        ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos,
+                        ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse, std::int64_t mask_id,
+                        float scale, float softcap, std::int64_t threads) {
+  try {
+    const CallMask mask = call_mask(mask_id, q_ids, kv_ids, q_pos, kv_pos);
+    const EngineCall call = engine_call(mask.mask, scale, softcap, threads);
+    switch (q.element_type()) {
+      case ffi::DataType::F32:
+        forward_typed<float>(call, q, k, v, out, lse);
+        break;
+      case ffi::DataType::BF16:
+        forward_typed<bfloat16>(call, q, k, v, out, lse);
+        break;
+      default:
+        return ffi::Error(ffi::ErrorCode::kInvalidArgument, "seqattn.jax: q must be float32 or bfloat16");
+    }
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
+  }
+}
+
+template <class T>
+void backward_typed(const EngineCall& call, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out,
+                    ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::Result<ffi::AnyBuffer>& dq,
+                    ffi::Result<ffi::AnyBuffer>& dk, ffi::Result<ffi::AnyBuffer>& dv) {
+  const auto lse_dims = fold_leading(dims_of(lse.dimensions()), 2, "lse");
+  // Gradient rows no query sees are not all written by the engine's THD
+  // path; BSHD writes every element, but zeroing first keeps that a detail.
+  const auto zero = [](TensorView<T> t) { std::fill(t.data(), t.data() + t.size(), T{}); };
+  const auto dqv = output<T>(dq, 3, "dq"), dkv = output<T>(dk, 3, "dk"), dvv = output<T>(dv, 3, "dv");
+  zero(dqv);
+  zero(dkv);
+  zero(dvv);
+  run_backward<T>(call, input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), input<T>(out, 3, "out"),
+                  TensorView<const float>(lse.typed_data(), lse_dims), input<T>(dout, 3, "dout"), dqv, dkv, dvv);
+}
+
+ffi::Error backward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out,
+                         ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> q_ids,
+                         ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos,
+                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                         std::int64_t mask_id, float scale, float softcap, std::int64_t threads) {
+  try {
+    const CallMask mask = call_mask(mask_id, q_ids, kv_ids, q_pos, kv_pos);
+    const EngineCall call = engine_call(mask.mask, scale, softcap, threads);
+    switch (q.element_type()) {
+      case ffi::DataType::F32:
+        backward_typed<float>(call, q, k, v, out, lse, dout, dq, dk, dv);
+        break;
+      case ffi::DataType::BF16:
+        backward_typed<bfloat16>(call, q, k, v, out, lse, dout, dq, dk, dv);
+        break;
+      default:
+        return ffi::Error(ffi::ErrorCode::kInvalidArgument, "seqattn.jax: q must be float32 or bfloat16");
+    }
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
+  }
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER(kAttentionForward, forward_impl,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()         // q
+                           .Arg<ffi::AnyBuffer>()         // k
+                           .Arg<ffi::AnyBuffer>()         // v
+                           .Arg<ffi::Buffer<ffi::S32>>()  // q_segment_ids
+                           .Arg<ffi::Buffer<ffi::S32>>()  // kv_segment_ids
+                           .Arg<ffi::Buffer<ffi::S32>>()  // q_positions
+                           .Arg<ffi::Buffer<ffi::S32>>()  // kv_positions
+                           .Ret<ffi::AnyBuffer>()         // out
+                           .Ret<ffi::Buffer<ffi::F32>>()  // lse
+                           .Attr<std::int64_t>("mask_id")
+                           .Attr<float>("scale")
+                           .Attr<float>("softcap")
+                           .Attr<std::int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER(kAttentionBackward, backward_impl,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()         // q
+                           .Arg<ffi::AnyBuffer>()         // k
+                           .Arg<ffi::AnyBuffer>()         // v
+                           .Arg<ffi::AnyBuffer>()         // out
+                           .Arg<ffi::Buffer<ffi::F32>>()  // lse
+                           .Arg<ffi::AnyBuffer>()         // dout
+                           .Arg<ffi::Buffer<ffi::S32>>()  // q_segment_ids
+                           .Arg<ffi::Buffer<ffi::S32>>()  // kv_segment_ids
+                           .Arg<ffi::Buffer<ffi::S32>>()  // q_positions
+                           .Arg<ffi::Buffer<ffi::S32>>()  // kv_positions
+                           .Ret<ffi::AnyBuffer>()         // dq
+                           .Ret<ffi::AnyBuffer>()         // dk
+                           .Ret<ffi::AnyBuffer>()         // dv
+                           .Attr<std::int64_t>("mask_id")
+                           .Attr<float>("scale")
+                           .Attr<float>("softcap")
+                           .Attr<std::int64_t>("threads"));
+
+void bind_jax_ffi(nb::module_& m) {
+  m.attr("has_xla_ffi") = true;
+  m.def("ffi_handlers", [] {
+    nb::dict d;
+    d["seqattn_attention_forward"] = nb::capsule(reinterpret_cast<void*>(kAttentionForward));
+    d["seqattn_attention_backward"] = nb::capsule(reinterpret_cast<void*>(kAttentionBackward));
+    return d;
+  });
+  m.def(
+      "register_ffi_mask",
+      [](nb::handle mask) {
+        const AnyMask& any = mask_from_python(mask, "seqattn.jax mask");
+        std::lock_guard lock(registry_mutex());
+        registry().push_back(any);
+        return static_cast<std::int64_t>(registry().size() - 1);
+      },
+      nb::arg("mask"), "Keeps the mask for the life of the process; returns the id the FFI calls carry.");
+}
+
+#else
+
+void bind_jax_ffi(nb::module_& m) { m.attr("has_xla_ffi") = false; }
+
+#endif
+
+}  // namespace seqattn::python

@@ -1,0 +1,106 @@
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import seqattn  # noqa: E402
+import seqattn.jax as sj  # noqa: E402
+
+if not seqattn._core.has_xla_ffi:
+    pytest.fail("seqattn was built without the XLA FFI handlers although jax is installed", pytrace=False)
+
+
+def randn(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def reference(q, k, v, allowed):
+    """jax.nn.dot_product_attention with a dense mask [B, 1 or H, Sq, Skv] (BTNH layout, GQA)."""
+    return jax.nn.dot_product_attention(q, k, v, mask=jnp.asarray(allowed), implementation="xla")
+
+
+@pytest.mark.parametrize("head_dim", [32, 72, 80])
+def test_jit_matches_dot_product_attention(rng, head_dim):
+    q, k, v = randn(rng, 2, 37, 4, head_dim), randn(rng, 2, 45, 2, head_dim), randn(rng, 2, 45, 2, head_dim)
+    for mask in [None, seqattn.CausalMask("bottom_right"), seqattn.SlidingWindowMask(6, 2)]:
+        fn = jax.jit(lambda q, k, v, mask=mask: sj.attention(q, k, v, mask))
+        out = fn(q, k, v)
+        allowed = (mask or seqattn.FullMask()).to_dense(37, 45, batch=2)
+        np.testing.assert_allclose(out, reference(q, k, v, allowed), atol=2e-5, rtol=1e-4)
+
+
+def test_segment_ids_and_positions_traced(rng):
+    ids = np.array([[1, 1, 1, 2, 2, 2, 2, 3], [1, 1, 2, 2, 2, 2, 2, 2]], np.int32)
+    pos = np.array([[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 0, 1, 2, 3, 4, 5]], np.int32)
+    q, k, v = randn(rng, 2, 8, 2, 16), randn(rng, 2, 8, 2, 16), randn(rng, 2, 8, 2, 16)
+    fn = jax.jit(lambda q, k, v, i, p: sj.attention(q, k, v, seqattn.CausalMask(), segment_ids=i, positions=p))
+    out = fn(q, k, v, ids, pos)
+    allowed = seqattn.DocumentMask(ids, pos, seqattn.CausalMask()).to_dense()
+    np.testing.assert_allclose(out, reference(q, k, v, allowed), atol=2e-5)
+    # Other ids, same compiled function: the ids are data, not part of the computation.
+    ids2 = np.array([[1] * 8, [1, 1, 1, 1, 2, 2, 2, 2]], np.int32)
+    pos2 = np.array([list(range(8)), [0, 1, 2, 3, 0, 1, 2, 3]], np.int32)
+    out2 = fn(q, k, v, ids2, pos2)
+    allowed2 = seqattn.DocumentMask(ids2, pos2, seqattn.CausalMask()).to_dense()
+    np.testing.assert_allclose(out2, reference(q, k, v, allowed2), atol=2e-5)
+
+
+def test_fully_masked_rows_are_zero(rng):
+    ids = np.array([[1, 1, 0, 0, 2, 2]], np.int32)
+    q = randn(rng, 1, 6, 2, 8)
+    out = jax.jit(lambda q, i: sj.attention(q, q, q, segment_ids=i))(q, ids)
+    assert np.all(np.asarray(out)[0, 2:4] == 0)
+    allowed = seqattn.DocumentMask(ids).to_dense()
+    keep = ids[0] != 0
+    np.testing.assert_allclose(np.asarray(out)[:, keep], np.asarray(reference(q, q, q, allowed))[:, keep], atol=2e-5)
+
+
+def test_vmap(rng):
+    q, k, v = randn(rng, 3, 2, 20, 2, 16), randn(rng, 3, 2, 20, 1, 16), randn(rng, 3, 2, 20, 1, 16)
+    mask = seqattn.CausalMask()
+    batched = jax.jit(jax.vmap(lambda q, k, v: sj.attention(q, k, v, mask)))(q, k, v)
+    for i in range(3):
+        np.testing.assert_allclose(batched[i], sj.attention(q[i], k[i], v[i], mask), atol=1e-6)
+    # Unbatched k/v (in_axes None) are broadcast.
+    half = jax.vmap(lambda q: sj.attention(q, k[0], v[0], mask))(q)
+    np.testing.assert_allclose(half[1], sj.attention(q[1], k[0], v[0], mask), atol=1e-6)
+
+
+def test_grad_matches_dot_product_attention(rng):
+    q, k, v = randn(rng, 2, 24, 4, 32), randn(rng, 2, 24, 2, 32), randn(rng, 2, 24, 2, 32)
+    w = randn(rng, 2, 24, 4, 32)
+    mask = seqattn.CausalMask() & seqattn.SlidingWindowMask(7, 0)
+    allowed = mask.to_dense(24, batch=2)
+
+    def ours(q, k, v):
+        return jnp.sum(sj.attention(q, k, v, mask) * w)
+
+    def theirs(q, k, v):
+        return jnp.sum(reference(q, k, v, allowed) * w)
+
+    got = jax.jit(jax.grad(ours, argnums=(0, 1, 2)))(q, k, v)
+    want = jax.grad(theirs, argnums=(0, 1, 2))(q, k, v)
+    for g, t in zip(got, want):
+        np.testing.assert_allclose(g, t, atol=1e-4, rtol=1e-3)
+
+
+def test_bf16_and_lse(rng):
+    q = jnp.asarray(randn(rng, 1, 16, 2, 32), jnp.bfloat16)
+    out, lse = sj.attention(q, q, q, seqattn.CausalMask(), return_lse=True)
+    assert out.dtype == jnp.bfloat16 and lse.dtype == jnp.float32 and lse.shape == (1, 2, 16)
+    ref_out, ref_lse = seqattn.attention(np.asarray(q), np.asarray(q), np.asarray(q), seqattn.CausalMask())
+    np.testing.assert_array_equal(np.asarray(out).view(np.uint16), ref_out.view(np.uint16))
+    np.testing.assert_array_equal(np.asarray(lse), ref_lse)
+
+
+def test_errors(rng):
+    q = randn(rng, 1, 8, 2, 16)
+    with pytest.raises(ValueError, match=r"segment_ids must have shape \(1, 8\)"):
+        sj.attention(q, q, q, segment_ids=np.ones((1, 7), np.int32))
+    with pytest.raises(ValueError, match="all be float32 or all bfloat16"):
+        sj.attention(q.astype(np.float16), q, q)
+    with pytest.raises(ValueError, match="mask must be a seqattn.Mask"):
+        sj.attention(q, q, q, "causal")
+    with pytest.raises(Exception, match="is not one contiguous run"):
+        jax.block_until_ready(sj.attention(q, q, q, segment_ids=np.array([[1, 2, 1, 1, 1, 1, 1, 1]], np.int32)))

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The Python package's tests: a venv (numpy, nanobind, scikit-build-core,
+# pytest, jax[cpu], ml_dtypes and torch, pinned in python/requirements-test.txt;
+# cached, linked as build/python-venv), an incremental build of the package
+# into it (build dir build/python), then pytest.
+# Idempotent: a second run reuses the venv and the CMake build dir. Extra
+# arguments go to pytest.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/build/python-venv"
+build_dir="$root/build/python"
+python="${PYTHON:-python3}"
+start=$SECONDS
+step_start=$SECONDS
+step() {
+  local now=$SECONDS
+  printf 'test-python: %-34s %4ds\n' "$1" $((now - step_start))
+  step_start=$now
+}
+
+# The venv lives in a cache keyed on python/requirements-test.txt and the
+# interpreter, so that fresh clones (CI) reuse it instead of unpacking torch's
+# CUDA wheels again; build/python-venv links to it.
+requirements="$root/python/requirements-test.txt"
+key=$( (cat "$requirements"; "$python" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-16)
+cache="${SEQATTN_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/seqattn}/python-venv-$key"
+if [[ ! -f "$cache/.seqattn-complete" ]]; then
+  rm -rf "$cache"
+  mkdir -p "$(dirname "$cache")"
+  "$python" -m venv "$cache"
+  # torch is required (the flex-export tests need it): a failed install fails
+  # this script. pip's cache (~/.cache/pip) keeps reinstalls fast.
+  if ! "$cache/bin/python" -m pip install -q -r "$requirements"; then
+    echo "test-python: FAILED to install the Python test dependencies ($requirements)" >&2
+    exit 1
+  fi
+  "$cache/bin/python" -c 'import torch, jax, numpy, nanobind' || {
+    echo "test-python: FAILED: the test dependencies are installed but do not import" >&2
+    exit 1
+  }
+  touch "$cache/.seqattn-complete"
+fi
+mkdir -p "$root/build"
+if [[ -L "$venv" || ! -e "$venv" ]]; then
+  ln -sfn "$cache" "$venv"
+else
+  echo "test-python: $venv exists and is not a link to the cached venv; using the cache directly" >&2
+  venv="$cache"
+fi
+py="$venv/bin/python"
+step "dependencies"
+
+launcher=()
+if command -v ccache >/dev/null 2>&1; then
+  launcher=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+# --no-build-isolation: build with the venv's nanobind / scikit-build-core
+# and reuse build/python between runs (incremental CMake build).
+CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+  "$py" -m pip install --no-build-isolation --no-deps -q \
+  --config-settings=build-dir="$build_dir" "${launcher[@]}" "$root"
+step "build + install seqattn"
+
+cd "$root/python/tests"
+"$py" -m pytest -q "$@"
+step "pytest"
+printf 'test-python: %-34s %4ds\n' "total" $((SECONDS - start))

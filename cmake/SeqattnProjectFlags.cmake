@@ -9,7 +9,11 @@ if(SEQATTN_SIMD_FLAGS STREQUAL "" AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|A
   set(SEQATTN_SIMD_FLAGS "-march=x86-64-v3 -DHWY_DISABLE_PCLMUL_AES")
 endif()
 separate_arguments(_seqattn_simd_flags UNIX_COMMAND "${SEQATTN_SIMD_FLAGS}")
-message(STATUS "seqattn: SIMD flags for own targets: ${SEQATTN_SIMD_FLAGS}")
+# Only when seqattn is the top-level project: as a subproject it builds nothing
+# of its own by default, and the message would read as if it set the parent's flags.
+if(PROJECT_IS_TOP_LEVEL)
+  message(STATUS "seqattn: SIMD flags for seqattn's own tests, examples and benchmarks: ${SEQATTN_SIMD_FLAGS}")
+endif()
 
 add_library(seqattn_project_options INTERFACE)
 target_compile_options(seqattn_project_options INTERFACE -Wall -Wextra -Wpedantic ${_seqattn_simd_flags})

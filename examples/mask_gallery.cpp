@@ -83,6 +83,12 @@ int main(int argc, char** argv) {
   const std::vector<SlidingWindowMask> heads{SlidingWindowMask{1, 0}, SlidingWindowMask{8, 0}};
   show("per_head_1_of_2", PerHeadMask<SlidingWindowMask>{heads}, square, 1);
 
+  // Any predicate (batch, head, q, kv) -> bool, as flex_attention's mask_mod:
+  // here causal attention to every third key plus the last four.
+  show("mask_mod_dilated_causal",
+       mask_mod([](index_t, index_t, index_t q, index_t kv) { return kv <= q && (kv % 3 == 0 || q - kv < 4); }),
+       square);
+
   std::printf("SVG pictures written to %s/\n", out_dir.c_str());
   return 0;
 }

@@ -4,7 +4,7 @@
 // through the three workloads seqattn's first users came from, printing for
 // each what is computed, how far it is from an independent brute-force
 // oracle, and how much faster it is than the dense path. `--svg FILE` also
-// writes the multi-item mask as an SVG picture.
+// writes the multi-item mask as an SVG picture; `--help` prints the usage.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -221,12 +221,40 @@ void kascade_sparse() {
               t_dense, t_sparse, t_dense / t_sparse);
 }
 
+void usage(std::FILE* to, const char* program) {
+  std::fprintf(to,
+               "usage: %s [--svg FILE] [--help]\n"
+               "\n"
+               "A tour of seqattn: sequence descriptors, masks, the attention engine, then multi-item\n"
+               "scoring, the DSA top-k indexer and Kascade sparse attention, each checked against a\n"
+               "brute-force oracle and timed against the dense path (single-threaded).\n"
+               "\n"
+               "  --svg FILE   also write the multi-item mask of section 2 as an SVG picture to FILE\n"
+               "  -h, --help   print this help and exit\n"
+               "\n"
+               "Every mask kind, as ASCII and SVG pictures: seqattn_example_mask_gallery [DIR]\n"
+               "(examples/mask_gallery.cpp).\n",
+               program);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* svg = nullptr;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--svg") == 0) svg = argv[i + 1];
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      usage(stdout, argv[0]);
+      return 0;
+    }
+    if (std::strcmp(argv[i], "--svg") == 0 && i + 1 < argc) {
+      svg = argv[++i];
+      continue;
+    }
+    // A mistyped option must not start a minute-long run that ignores it.
+    std::fprintf(stderr, "%s: %s '%s'\n\n", argv[0],
+                 std::strcmp(argv[i], "--svg") == 0 ? "missing FILE after" : "unknown argument", argv[i]);
+    usage(stderr, argv[0]);
+    return 2;
   }
   std::printf("seqattn %d.%d.%d tour (Highway target %s; timings single-threaded, best of a few runs)\n", kVersionMajor,
               kVersionMinor, kVersionPatch, static_simd_target());

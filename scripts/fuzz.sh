@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan+UBSan) in build/fuzz and runs each
 # for SECONDS (default 600) on a fresh corpus seeded from fuzz/corpus/<name>/,
-# then prints executions and coverage per target. Opt-in; not part of CI.
+# then prints executions and coverage per target. CI runs them for 30 s each
+# (scripts/test.sh, stage fuzz); this script is for longer runs by hand.
 #   scripts/fuzz.sh [SECONDS]
 # Env: JOBS (build parallelism, default 2), CXX (default clang++), FUZZERS
 # (space-separated subset of targets).

@@ -1,17 +1,55 @@
 #!/usr/bin/env bash
-# The test suite: builds and runs every test under the release preset (AVX2)
-# and under ASan + UBSan. Installs missing Debian packages first.
-#   SEQATTN_TEST_PRESETS="release"  run a subset of presets
-#   SEQATTN_JOBS=N                  parallel build/test jobs (default: nproc)
+# The test suite, in stages. Installs missing Debian packages first.
+#   release  every test, optimized build (AVX2), MPI ring tests included
+#   asan     every test under AddressSanitizer + UndefinedBehaviorSanitizer
+#   tsan     the execution (thread pool) tests under ThreadSanitizer
+#   fuzz     each libFuzzer target for SEQATTN_FUZZ_SECONDS (default 30) on its corpus
+#   python   the Python package: build into a venv under build/, then pytest
+# Env:
+#   SEQATTN_TEST_STAGES="release tsan"   run a subset of stages (default: all, in this order)
+#   SEQATTN_JOBS=N                       parallel build/test jobs (default: nproc)
+# Compilations go through ccache when it is installed (ensure-deps installs
+# it), keyed relative to the checkout so that fresh clones share the cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-deps.sh
 
-presets=${SEQATTN_TEST_PRESETS:-"release asan"}
+stages=${SEQATTN_TEST_STAGES:-${SEQATTN_TEST_PRESETS:-"release asan tsan fuzz python"}}
 jobs=${SEQATTN_JOBS:-$(nproc)}
-for preset in $presets; do
-  echo "=== seqattn: preset $preset"
+
+if command -v ccache >/dev/null 2>&1; then
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache
+  export CCACHE_BASEDIR="$PWD"
+  export CCACHE_NOHASHDIR=1
+  export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+fi
+
+run_preset() {
+  local preset=$1
   cmake --preset "$preset"
   cmake --build --preset "$preset" -j "$jobs"
   ctest --preset "$preset" -j "$jobs"
+}
+
+total_start=$(date +%s)
+for stage in $stages; do
+  start=$(date +%s)
+  echo "=== seqattn: stage $stage"
+  case "$stage" in
+    release | asan | tsan) run_preset "$stage" ;;
+    fuzz)
+      # Each fuzzer is one process on one core: run them two at a time.
+      cmake --preset fuzz -DSEQATTN_FUZZ_SECONDS="${SEQATTN_FUZZ_SECONDS:-30}"
+      cmake --build --preset fuzz -j "$jobs"
+      ctest --preset fuzz -j "$jobs"
+      ;;
+    python) bash scripts/test-python.sh ;;
+    *)
+      echo "scripts/test.sh: unknown stage '$stage' (release asan tsan fuzz python)" >&2
+      exit 2
+      ;;
+  esac
+  echo "=== seqattn: stage $stage passed in $(($(date +%s) - start)) s"
 done
+echo "=== seqattn: all stages ($stages) passed in $(($(date +%s) - total_start)) s"
+if command -v ccache >/dev/null 2>&1; then ccache --show-stats 2>/dev/null | grep -iE 'hit|miss' | head -n 4 || true; fi

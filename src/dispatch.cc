@@ -27,34 +27,66 @@ struct DispatchedHighway : backends::CpuTiled<FlashKernel> {
   static const char* name() { return "Highway (dispatched)"; }
 };
 
-template <class T>
-void ForwardWithBlockMask(const AttentionInputs<T>& inputs, const BlockMask& mask, TensorView<T> out,
-                          TensorView<float> lse, const AttentionOptions& options, execution::ThreadPool* pool) {
-  detail::require(mask.has_tile_bits() || mask.has_predicate(),
-                  "dispatch::attention_forward: the BlockMask must have tile bits or an element predicate");
-  const AttentionShape shape = shape_of(inputs);
-  const int workers = pool ? pool->workers() : 1;
-  const std::shared_ptr<const BlockMask> borrowed(std::shared_ptr<void>{}, &mask);
-  const auto plan = plan_attention<DispatchedHighway>(shape, borrowed, PlanOptions{options.kv_splits}, workers);
-  const variants::Standard variant{options.scale, {options.softcap}, {options.sinks}};
-  detail::check_variant(variant, shape);
-  const detail::AttentionProblem<T> problem = detail::make_attention_problem(inputs, shape, out, lse);
+// The work planned by this target, behind the opaque dispatch::PlannedWork.
+struct TargetWork final : dispatch::PlannedWork {
+  explicit TargetWork(DispatchedHighway::Work w) : work(std::move(w)) {}
+  DispatchedHighway::Work work;
+};
+
+std::shared_ptr<const dispatch::PlannedWork> PlanWork(const AttentionShape& shape, const BlockMask& mask,
+                                                      const PlanOptions& options, int workers) {
+  return std::make_shared<const TargetWork>(DispatchedHighway::plan_work(shape, mask, options, workers));
+}
+
+const DispatchedHighway::Work& WorkOf(const dispatch::PlannedWork& planned) {
+  const auto* mine = dynamic_cast<const TargetWork*>(&planned);
+  detail::require(mine != nullptr, "backends::Dispatched: the plan was made for another SIMD target than ",
+                  hwy::TargetName(HWY_TARGET), ", the one chosen now");
+  return mine->work;
+}
+
+template <class F>
+void OnPool(execution::ThreadPool* pool, F&& run) {
   if (pool) {
-    DispatchedHighway::forward(plan, problem, variant, *pool);
+    run(*pool);
   } else {
     execution::Serial serial;
-    DispatchedHighway::forward(plan, problem, variant, serial);
+    run(serial);
   }
 }
 
-void ForwardF32(const AttentionInputs<float>& inputs, const BlockMask& mask, TensorView<float> out,
-                TensorView<float> lse, const AttentionOptions& options, execution::ThreadPool* pool) {
-  ForwardWithBlockMask(inputs, mask, out, lse, options, pool);
+template <class T>
+void Forward(const dispatch::PlannedWork& planned, const BlockMask& mask, const detail::AttentionProblem<T>& problem,
+             const variants::Standard& variant, execution::ThreadPool* pool) {
+  const DispatchedHighway::Work& work = WorkOf(planned);
+  OnPool(pool, [&](auto& exec) { detail::run_tiled_forward<FlashKernel>(work.forward, mask, problem, variant, exec); });
 }
 
-void ForwardBF16(const AttentionInputs<bfloat16>& inputs, const BlockMask& mask, TensorView<bfloat16> out,
-                 TensorView<float> lse, const AttentionOptions& options, execution::ThreadPool* pool) {
-  ForwardWithBlockMask(inputs, mask, out, lse, options, pool);
+template <class T>
+void Backward(const dispatch::PlannedWork& planned, const BlockMask& mask, const detail::BackwardProblem<T>& problem,
+              const variants::Standard& variant, execution::ThreadPool* pool) {
+  const DispatchedHighway::Work& work = WorkOf(planned);
+  detail::require(work.backward.has_value(),
+                  "attention_backward: the plan was made without PlanOptions::backward = true");
+  OnPool(pool,
+         [&](auto& exec) { detail::run_tiled_backward<FlashKernel>(*work.backward, mask, problem, variant, exec); });
+}
+
+void ForwardF32(const dispatch::PlannedWork& w, const BlockMask& m, const detail::AttentionProblem<float>& p,
+                const variants::Standard& v, execution::ThreadPool* pool) {
+  Forward(w, m, p, v, pool);
+}
+void ForwardBF16(const dispatch::PlannedWork& w, const BlockMask& m, const detail::AttentionProblem<bfloat16>& p,
+                 const variants::Standard& v, execution::ThreadPool* pool) {
+  Forward(w, m, p, v, pool);
+}
+void BackwardF32(const dispatch::PlannedWork& w, const BlockMask& m, const detail::BackwardProblem<float>& p,
+                 const variants::Standard& v, execution::ThreadPool* pool) {
+  Backward(w, m, p, v, pool);
+}
+void BackwardBF16(const dispatch::PlannedWork& w, const BlockMask& m, const detail::BackwardProblem<bfloat16>& p,
+                  const variants::Standard& v, execution::ThreadPool* pool) {
+  Backward(w, m, p, v, pool);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -64,8 +96,11 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace seqattn {
 HWY_EXPORT(TargetNameOfThisBody);
+HWY_EXPORT(PlanWork);
 HWY_EXPORT(ForwardF32);
 HWY_EXPORT(ForwardBF16);
+HWY_EXPORT(BackwardF32);
+HWY_EXPORT(BackwardBF16);
 
 namespace dispatch {
 const char* best_simd_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfThisBody)(); }
@@ -74,14 +109,53 @@ BlockShape attention_block_shape() {
   return {HWY_STATIC_DISPATCH(FlashKernel)::kBlockQ, HWY_STATIC_DISPATCH(FlashKernel)::kBlockKv};
 }
 
+std::shared_ptr<const PlannedWork> plan_work(const AttentionShape& shape, const BlockMask& mask,
+                                             const PlanOptions& options, int workers) {
+  return HWY_DYNAMIC_DISPATCH(PlanWork)(shape, mask, options, workers);
+}
+
+void forward(const PlannedWork& work, const BlockMask& mask, const seqattn::detail::AttentionProblem<float>& problem,
+             const variants::Standard& variant, execution::ThreadPool* pool) {
+  HWY_DYNAMIC_DISPATCH(ForwardF32)(work, mask, problem, variant, pool);
+}
+void forward(const PlannedWork& work, const BlockMask& mask, const seqattn::detail::AttentionProblem<bfloat16>& problem,
+             const variants::Standard& variant, execution::ThreadPool* pool) {
+  HWY_DYNAMIC_DISPATCH(ForwardBF16)(work, mask, problem, variant, pool);
+}
+void backward(const PlannedWork& work, const BlockMask& mask, const seqattn::detail::BackwardProblem<float>& problem,
+              const variants::Standard& variant, execution::ThreadPool* pool) {
+  HWY_DYNAMIC_DISPATCH(BackwardF32)(work, mask, problem, variant, pool);
+}
+void backward(const PlannedWork& work, const BlockMask& mask, const seqattn::detail::BackwardProblem<bfloat16>& problem,
+              const variants::Standard& variant, execution::ThreadPool* pool) {
+  HWY_DYNAMIC_DISPATCH(BackwardBF16)(work, mask, problem, variant, pool);
+}
+
+namespace {
+template <class T>
+void forward_with_block_mask(const AttentionInputs<T>& inputs, const BlockMask& mask, TensorView<T> out,
+                             TensorView<float> lse, const AttentionOptions& options, execution::ThreadPool* pool) {
+  seqattn::detail::require(mask.has_tile_bits() || mask.has_predicate(),
+                           "dispatch::attention_forward: the BlockMask must have tile bits or an element predicate");
+  const std::shared_ptr<const BlockMask> borrowed(std::shared_ptr<void>{}, &mask);
+  const int workers = pool ? pool->workers() : 1;
+  const auto plan =
+      plan_attention<backends::Dispatched>(shape_of(inputs), borrowed, PlanOptions{options.kv_splits}, workers);
+  const variants::Standard variant{options.scale, {options.softcap}, {options.sinks}};
+  seqattn::detail::check_variant(variant, plan.shape());
+  const auto problem = seqattn::detail::make_attention_problem(inputs, plan.shape(), out, lse);
+  forward(*plan.work(), plan.block_mask(), problem, variant, pool);
+}
+}  // namespace
+
 void attention_forward_f32(const AttentionInputs<float>& inputs, const BlockMask& mask, TensorView<float> out,
                            TensorView<float> lse, const AttentionOptions& options, execution::ThreadPool* pool) {
-  HWY_DYNAMIC_DISPATCH(ForwardF32)(inputs, mask, out, lse, options, pool);
+  forward_with_block_mask(inputs, mask, out, lse, options, pool);
 }
 
 void attention_forward_bf16(const AttentionInputs<bfloat16>& inputs, const BlockMask& mask, TensorView<bfloat16> out,
                             TensorView<float> lse, const AttentionOptions& options, execution::ThreadPool* pool) {
-  HWY_DYNAMIC_DISPATCH(ForwardBF16)(inputs, mask, out, lse, options, pool);
+  forward_with_block_mask(inputs, mask, out, lse, options, pool);
 }
 }  // namespace dispatch
 }  // namespace seqattn

@@ -7,6 +7,8 @@
 //   topk.hpp         TopKLayout + TopKMask, top_k, topk_scatter_mask
 //   dense.hpp        DenseMask<T>, PackedMask + DenseBitsMask
 //   combinators.hpp  AndMask / OrMask / NotMask (a & b, a | b, ~a), PerHeadMask
+//   any_mask.hpp     AnyMask: any description behind one type (run-time composition, bindings)
+//   custom.hpp       mask_mod(f[, classify]): a predicate lambda as a description; check_tile_classes
 //   from_descriptor.hpp  document_layout(SequenceDescriptor)
 // Representations:
 //   block_mask.hpp       BlockMask (+ transposed), build_block_mask
@@ -14,11 +16,14 @@
 //   render.hpp           to_ascii, to_svg
 #pragma once
 
+#include "seqattn/masks/any_mask.hpp"
 #include "seqattn/masks/block_mask.hpp"
 #include "seqattn/masks/combinators.hpp"
 #include "seqattn/masks/concept.hpp"
+#include "seqattn/masks/custom.hpp"
 #include "seqattn/masks/dense.hpp"
 #include "seqattn/masks/document.hpp"
+#include "seqattn/masks/flex_export.hpp"
 #include "seqattn/masks/from_descriptor.hpp"
 #include "seqattn/masks/multi_item.hpp"
 #include "seqattn/masks/render.hpp"

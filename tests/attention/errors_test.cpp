@@ -24,7 +24,8 @@ TEST_CASE("attention_forward rejects bad shapes with clear messages", "[attentio
   const Tensor<float> q3({8, 4, 64});
   CHECK_THROWS_WITH(
       attention_forward(AttentionInputs<float>{q3.view(), f.k.view(), f.v.view()}, mask, f.out.view(), f.lse.view()),
-      Contains("q must have rank 4") && Contains("got shape (8, 4, 64)"));
+      Contains("q must have rank 4") && Contains("got shape (8, 4, 64)") &&
+          Contains("packed THD input needs a SegmentTable"));
   const Tensor<float> k_bad_dim({1, 10, 2, 32});
   CHECK_THROWS_WITH(attention_forward(AttentionInputs<float>{f.q.view(), k_bad_dim.view(), f.v.view()}, mask,
                                       f.out.view(), f.lse.view()),
@@ -84,6 +85,12 @@ TEST_CASE("THD segment tables are validated", "[attention][errors][thd]") {
   CHECK_THROWS_WITH(attention_forward(AttentionInputs<float>{q.view(), k.view(), v.view(), &outside}, FullMask{},
                                       out.view(), lse.view()),
                     Contains("segment 1 covers key/value tokens [6, 13) outside [0, 12)"));
+  // A negative length is named as such (it used to read "covers [4, 3)").
+  const std::vector<std::int32_t> q_len_negative{4, -1};
+  const SegmentTable negative{q_off, q_len_negative, kv_off, kv_len};
+  CHECK_THROWS_WITH(attention_forward(AttentionInputs<float>{q.view(), k.view(), v.view(), &negative}, FullMask{},
+                                      out.view(), lse.view()),
+                    Contains("segment 1 has a negative length (q_lens[1] = -1, kv_lens[1] = 6)"));
   const Tensor<float> q4({1, 10, 2, 64});
   const std::vector<std::int32_t> one{0}, ten{10}, twelve{12};
   const SegmentTable fine{one, ten, one, twelve};

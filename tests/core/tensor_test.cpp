@@ -82,3 +82,29 @@ TEST_CASE("bfloat16 rounds to nearest even, unlike Highway 1.0.3's truncation") 
   CHECK(std::isinf(static_cast<float>(bfloat16(std::numeric_limits<float>::infinity()))));
   for (float x : {0.0f, -2.5f, 3.140625f, 65280.0f}) CHECK(static_cast<float>(bfloat16(x)) == x);
 }
+
+TEST_CASE("TensorView over an existing buffer checks the buffer holds the shape") {
+  std::vector<float> buffer(2 * 3 * 4);
+  for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<float>(i);
+  const TensorView<float> v(buffer, {2, 3, 4});
+  CHECK(v.data() == buffer.data());
+  CHECK(v(1, 2, 3) == 23.0f);
+  const std::vector<float>& cref = buffer;
+  const TensorView<const float> c(cref, {6, 4});
+  CHECK(c(5, 3) == 23.0f);
+  CHECK_THROWS_WITH((TensorView<float>(buffer, {5, 5})),
+                    ContainsSubstring("needs 25 elements but the buffer holds 24"));
+  CHECK_THROWS_WITH((TensorView<float>(buffer, {2, -3})), ContainsSubstring("negative extent"));
+}
+
+TEST_CASE("Extents take any integer type, so a container's size needs no cast") {
+  const std::vector<int> ids(7);
+  const Extents e{1, ids.size()};  // size_t: a narrowing error with an initializer_list<int64_t>
+  CHECK(e.rank() == 2);
+  CHECK(e[1] == 7);
+  const Extents f{std::uint8_t{3}, 4L, std::int64_t{5}};
+  CHECK(f.size() == 60);
+  const Extents huge{std::numeric_limits<std::uint64_t>::max()};
+  CHECK(huge.any_negative());  // beyond index_t: rejected as negative by every size check
+  CHECK_THROWS_WITH(Tensor<float>(huge), ContainsSubstring("negative extent"));
+}

@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -289,4 +291,30 @@ TEST_CASE("Fused indexer_topk equals index_scores + select_topk") {
   const TopK a = select_topk(index_scores(q.view(), kk.view(), w.view(), window).view(), k);
   const TopK b = indexer_topk(q.view(), kk.view(), w.view(), k, TopKOrder::by_score, window);
   CHECK(a.indices == b.indices);
+}
+
+// select_topk ranks in jax.lax.top_k's total order, as seqattn::top_k does:
+// +0.0 above -0.0, NaN above +inf (the jax vectors of the semantics doc), and
+// on random rows of signed zeros, infinities and NaNs both agree.
+TEST_CASE("select_topk follows lax.top_k's total order, like top_k") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const TopK zeros = select_topk(one_row({-0.0f, 0.0f, -1.0f}).view(), 2);
+  CHECK(zeros.indices(0, 0) == 1);
+  CHECK(zeros.indices(0, 1) == 0);
+  const TopK with_nan = select_topk(one_row({1.0f, nan, inf, 2.0f, 0.5f}).view(), 3);
+  CHECK(with_nan.indices(0, 0) == 1);
+  CHECK(with_nan.indices(0, 1) == 2);
+  CHECK(with_nan.indices(0, 2) == 3);
+
+  std::mt19937 rng(77);
+  const std::vector<float> pool{-0.0f, 0.0f, nan, -nan, inf, 1.0f, -1.0f, 0.5f};
+  for (int trial = 0; trial < 200; ++trial) {
+    const index_t s = 3 + static_cast<index_t>(rng() % 12), k = 1 + static_cast<index_t>(rng() % (s - 1));
+    std::vector<float> row(static_cast<std::size_t>(s));
+    for (auto& x : row) x = pool[rng() % pool.size()];
+    const Tensor<float> scores = one_row(row);
+    const TopK got = select_topk(scores.view(), k);
+    const Tensor<std::int32_t> want = top_k(scores.view(), k);
+    for (index_t r = 0; r < k; ++r) CHECK(got.indices(0, r) == want(0, r));
+  }
 }

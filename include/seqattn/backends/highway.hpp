@@ -5,7 +5,19 @@
 // (seqattn/dispatch.hpp) instead.
 #pragma once
 
+// clang-format off
+#include "seqattn/core/hwy_config.hpp"  // before any Highway header
 #include <hwy/highway.h>
+// clang-format on
+
+// A TU compiled without SIMD flags gets Highway's portable target, correct but
+// several times slower; say so at compile time, with the fix.
+#if (HWY_STATIC_TARGET == HWY_SCALAR || HWY_STATIC_TARGET == HWY_EMU128) && !defined(SEQATTN_ALLOW_SCALAR)
+#pragma GCC warning                                                                                                \
+    "seqattn: backends::Highway is compiled for Highway's portable SCALAR/EMU128 target (no SIMD flags): correct " \
+    "but slow. Compile with -march=native (or -march=x86-64-v3 for portable AVX2 binaries), or link "              \
+    "seqattn::dispatch and use backends::Dispatched; define SEQATTN_ALLOW_SCALAR to silence this warning."
+#endif
 
 #include "seqattn/backends/cpu_tiled.hpp"
 #include "seqattn/backends/highway-inl.h"

@@ -35,6 +35,10 @@ struct SegmentTable {
     // In 64 bits: offset + length of two int32 values cannot wrap, and the
     // message parts are only computed when a check fails.
     for (std::size_t i = 0; i < q_lens.size(); ++i) {
+      if (q_lens[i] < 0 || kv_lens[i] < 0) {
+        detail::throw_invalid("SegmentTable: segment ", i, " has a negative length (q_lens[", i, "] = ", q_lens[i],
+                              ", kv_lens[", i, "] = ", kv_lens[i], ")");
+      }
       const index_t q_begin = q_offsets[i], q_end = q_begin + index_t{q_lens[i]};
       if (q_lens[i] < 0 || q_begin < 0 || q_end > q_tokens) {
         detail::throw_invalid("SegmentTable: segment ", i, " covers query tokens [", q_begin, ", ", q_end,

@@ -6,7 +6,10 @@
 // SCALAR body of one inline function (an ODR trap that silently picks either).
 #pragma once
 
+// clang-format off
+#include "seqattn/core/hwy_config.hpp"  // before any Highway header
 #include <hwy/highway.h>
+// clang-format on
 
 #define SEQATTN_STATIC_TARGET_IS_SCALAR (HWY_STATIC_TARGET == HWY_SCALAR || HWY_STATIC_TARGET == HWY_EMU128)
 

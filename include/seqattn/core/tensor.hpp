@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cassert>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -32,12 +33,22 @@ inline constexpr int kMaxRank = 8;
 class Extents {
  public:
   constexpr Extents() = default;
-  constexpr Extents(std::initializer_list<index_t> dims) {
+  // Extents{2, 3} or Extents{2, ids.size()}: any integer types, so that a
+  // size_t (a vector's size) needs no cast, which a std::initializer_list of
+  // index_t would make a narrowing error. Lists of one type take the first
+  // constructor, mixed types the second (two or more extents: a single integer
+  // does not convert to Extents implicitly). A value beyond index_t becomes
+  // negative and every size check rejects it as a negative extent.
+  template <std::integral I>
+  constexpr Extents(std::initializer_list<I> dims) {  // NOLINT(google-explicit-constructor)
     if (dims.size() > static_cast<std::size_t>(kMaxRank)) {
       detail::throw_invalid("Extents: rank ", dims.size(), " exceeds kMaxRank=", kMaxRank);
     }
-    for (index_t d : dims) dims_[static_cast<std::size_t>(rank_++)] = d;
+    for (const I d : dims) dims_[static_cast<std::size_t>(rank_++)] = static_cast<index_t>(d);
   }
+  template <std::integral... I>
+  requires(sizeof...(I) >= 2 && sizeof...(I) <= kMaxRank) constexpr Extents(I... dims)  // NOLINT
+      : dims_{static_cast<index_t>(dims)...}, rank_(static_cast<int>(sizeof...(I))) {}
   explicit Extents(std::span<const index_t> dims) {
     if (dims.size() > static_cast<std::size_t>(kMaxRank)) {
       detail::throw_invalid("Extents: rank ", dims.size(), " exceeds kMaxRank=", kMaxRank);
@@ -159,6 +170,15 @@ class TensorView {
   }
   // A rank-1 view of a contiguous range.
   explicit TensorView(std::span<T> values) : TensorView(values.data(), Extents{static_cast<index_t>(values.size())}) {}
+  // A row-major view of `shape` over an existing buffer (a std::vector, an
+  // array, memory from another library), checked to be large enough:
+  //   std::vector<float> q(tokens * heads * dim);
+  //   seqattn::TensorView<const float> qv(q, {tokens, heads, dim});
+  TensorView(std::span<T> buffer, const Extents& shape) : TensorView(buffer.data(), shape) {
+    const index_t needed = detail::checked_tensor_size(shape, "TensorView");
+    detail::require(static_cast<std::size_t>(needed) <= buffer.size(), "TensorView: shape ", shape, " needs ", needed,
+                    " elements but the buffer holds ", buffer.size());
+  }
 
   // View of T converts to view of const T.
   template <class U>

@@ -26,6 +26,8 @@
 //  - Ids are validated instead of silently corrupting the result: each row
 //    numbers its segments 1, 2, 3, ... in order of appearance, each segment
 //    one contiguous run, ids <= max_segments_per_seq (§6 D5; vectors E7, E10 of §5).
+//    SegmentIdGaps::renumber accepts what TE repairs, increasing ids with
+//    gaps ([1, 1, 3, 3]), and nothing that TE corrupts.
 //    The active tokens of a segment must form one range (true whenever
 //    positions are monotone inside segments); TE emits extra, misaligned
 //    offsets otherwise, we throw.
@@ -67,13 +69,13 @@ struct SeqlensAndOffsets {
 namespace detail {
 
 template <bool QUnit, bool KvUnit>
-void thd_row_dispatched(const RowSource (&src)[4], index_t r, AttnMaskType mask, int m, bool self_attention,
-                        SegmentRuns& q_runs, SegmentRuns& kv_runs, const ThdRowOutput& out) {
+void thd_row_dispatched(const RowSource (&src)[4], index_t r, AttnMaskType mask, int m, SegmentIdGaps gaps,
+                        bool self_attention, SegmentRuns& q_runs, SegmentRuns& kv_runs, const ThdRowOutput& out) {
   const RowPtr<QUnit> q_ids{src[0].row(source_row(src[0], r)), src[0].step};
   const RowPtr<KvUnit> kv_ids{src[1].row(source_row(src[1], r)), src[1].step};
   const RowPtr<QUnit> q_pos{src[2].row(source_row(src[2], r)), src[2].step};
   const RowPtr<KvUnit> kv_pos{src[3].row(source_row(src[3], r)), src[3].step};
-  thd_row(q_ids, q_pos, kv_ids, kv_pos, src, r, mask, m, self_attention, q_runs, kv_runs, out);
+  thd_row(q_ids, q_pos, kv_ids, kv_pos, src, r, mask, m, gaps, self_attention, q_runs, kv_runs, out);
 }
 
 inline bool same_view(const TensorView<const std::int32_t>& a, const TensorView<const std::int32_t>& b) {
@@ -93,11 +95,13 @@ inline std::int32_t bshd_length(const RowSource& src, index_t r) {
 // trailing part of that shape and are broadcast over the rest. q and kv may
 // differ in T; their extras must agree or be absent on one side.
 // Throws seqattn::invalid_argument naming the argument, row and token on
-// malformed input.
+// malformed input. `gaps` says whether THD ids may skip numbers (TE's
+// repair, types.hpp); BSHD rows ignore it.
 inline SeqlensAndOffsets derive_seqlens_and_offsets(const QkvPair<Int32View>& segment_ids,
                                                     const QkvPair<Int32View>& segment_pos, AttnMaskType mask,
                                                     SeqLayout layout, WindowSize window = {},
-                                                    int max_segments_per_seq = 1) {
+                                                    int max_segments_per_seq = 1,
+                                                    SegmentIdGaps gaps = SegmentIdGaps::reject) {
   (void)window;  // never changes the descriptor (see above)
   const Extents batch = detail::check_segment_shapes(segment_ids, segment_pos);
   detail::require(max_segments_per_seq >= 1, "max_segments_per_seq must be >= 1, got ", max_segments_per_seq);
@@ -143,13 +147,13 @@ inline SeqlensAndOffsets derive_seqlens_and_offsets(const QkvPair<Int32View>& se
     const detail::ThdRowOutput row_out{out.seqlens.q.data() + r * m, out.seqlens.kv.data() + r * m,
                                        out.offsets.q.data() + r * (m + 1), out.offsets.kv.data() + r * (m + 1)};
     if (q_unit && kv_unit) {
-      detail::thd_row_dispatched<true, true>(src, r, mask, m, self_attention, q_runs, kv_runs, row_out);
+      detail::thd_row_dispatched<true, true>(src, r, mask, m, gaps, self_attention, q_runs, kv_runs, row_out);
     } else if (q_unit) {
-      detail::thd_row_dispatched<true, false>(src, r, mask, m, self_attention, q_runs, kv_runs, row_out);
+      detail::thd_row_dispatched<true, false>(src, r, mask, m, gaps, self_attention, q_runs, kv_runs, row_out);
     } else if (kv_unit) {
-      detail::thd_row_dispatched<false, true>(src, r, mask, m, self_attention, q_runs, kv_runs, row_out);
+      detail::thd_row_dispatched<false, true>(src, r, mask, m, gaps, self_attention, q_runs, kv_runs, row_out);
     } else {
-      detail::thd_row_dispatched<false, false>(src, r, mask, m, self_attention, q_runs, kv_runs, row_out);
+      detail::thd_row_dispatched<false, false>(src, r, mask, m, gaps, self_attention, q_runs, kv_runs, row_out);
     }
   }
   return out;
@@ -158,9 +162,10 @@ inline SeqlensAndOffsets derive_seqlens_and_offsets(const QkvPair<Int32View>& se
 // Self-attention: the same ids and positions for q and kv.
 inline SeqlensAndOffsets derive_seqlens_and_offsets(Int32View segment_ids, Int32View segment_pos, AttnMaskType mask,
                                                     SeqLayout layout, WindowSize window = {},
-                                                    int max_segments_per_seq = 1) {
+                                                    int max_segments_per_seq = 1,
+                                                    SegmentIdGaps gaps = SegmentIdGaps::reject) {
   return derive_seqlens_and_offsets({segment_ids, segment_ids}, {segment_pos, segment_pos}, mask, layout, window,
-                                    max_segments_per_seq);
+                                    max_segments_per_seq, gaps);
 }
 
 }  // namespace seqattn

@@ -95,13 +95,15 @@ class SequenceDescriptor {
 
   // Segment ids take priority; a descriptor built from seqlens returns them
   // unchanged (seq_len unknown), after checking they suit the layout.
+  // `gaps` applies to segment ids only (types.hpp).
   SeqlensAndOffsets get_seqlens_and_offsets(AttnMaskType mask, SeqLayout layout, WindowSize window = {},
-                                            int max_segments_per_seq = 1) const {
+                                            int max_segments_per_seq = 1,
+                                            SegmentIdGaps gaps = SegmentIdGaps::reject) const {
     if (source_ == Source::segment_ids_and_pos) {
       const Int32View kv_ids = shared_ ? ids_.q.view() : ids_.kv.view();
       const Int32View kv_pos = shared_ ? pos_.q.view() : pos_.kv.view();
       return derive_seqlens_and_offsets({ids_.q.view(), kv_ids}, {pos_.q.view(), kv_pos}, mask, layout, window,
-                                        max_segments_per_seq);
+                                        max_segments_per_seq, gaps);
     }
     detail::require((layout == SeqLayout::thd) == (source_ == Source::seqlens_and_offsets),
                     "get_seqlens_and_offsets: a descriptor built ",

@@ -98,6 +98,20 @@ struct WindowSize {
   friend constexpr bool operator==(const WindowSize&, const WindowSize&) = default;
 };
 
+// How the segment ids of a THD row may be numbered
+// (docs/semantics/sequence-descriptors.md §7.2).
+//   reject (the default): 1, 2, 3, ... in order of appearance; anything else
+//     throws, naming the row, token and id.
+//   renumber: ids may skip numbers, as TE accepts them ([1, 1, 3, 3]): they
+//     must still increase along the row and stay <= max_segments_per_seq.
+//     Segment id s keeps slot s-1 of the per-row seqlens / offsets (TE's
+//     seqlens are indexed by id too), the slots of missing ids stay empty
+//     (0 / -1), and pack_segments drops them, so the packed segments are
+//     renumbered 0, 1, 2, ... exactly as TE's packing does. Decreasing ids and
+//     ids above max_segments_per_seq still throw: TE silently misaligns or
+//     drops those.
+enum class SegmentIdGaps : std::uint8_t { reject, renumber };
+
 // Every descriptor field is a pair: one value for the queries, one for the
 // keys/values (TE's (q, kv) tuples).
 template <class T>

@@ -99,12 +99,20 @@ struct MaskContext {
   index_t kv_len = 0;  // ... and on the key/value side
 };
 
-// A rectangle of the (q, kv) grid, half-open on both axes.
+// A rectangle of one sequence's (q, kv) grid: the query rows
+// [q_begin, q_end) and the key columns [kv_begin, kv_end), both half-open.
+// Coordinates are local to the sequence the MaskContext names (0 is its first
+// token on that side, as in `allowed`), not offsets into a packed batch.
+// Builders pass tiles inside 0 <= q_begin <= q_end <= ctx.q_len and
+// 0 <= kv_begin <= kv_end <= ctx.kv_len; the last tile of a row or column of
+// blocks is short when the length is not a multiple of the block size, and
+// a tile with no rows or no columns is `empty`. A tile's element (r, c),
+// counted from its corner, is the grid element (q_begin + r, kv_begin + c).
 struct Tile {
-  index_t q_begin = 0;
-  index_t q_end = 0;
-  index_t kv_begin = 0;
-  index_t kv_end = 0;
+  index_t q_begin = 0;   // first query row
+  index_t q_end = 0;     // one past the last query row
+  index_t kv_begin = 0;  // first key column
+  index_t kv_end = 0;    // one past the last key column
 
   index_t rows() const { return q_end - q_begin; }
   index_t cols() const { return kv_end - kv_begin; }

@@ -8,8 +8,9 @@
 // keys; any other value outside [0, s) and any repeated index in a row is an
 // error. The set is shared by all heads, as MaxText shares it.
 //
-// Also here: top_k with jax.lax.top_k's order (value descending, ties by
-// lower index first), and the additive top-k mask built by scatter
+// Also here: top_k with jax.lax.top_k's order (value descending in XLA's
+// total order of floats: +0.0 above -0.0, NaN above +inf; ties by lower index
+// first), and the additive top-k mask built by scatter
 // (MaxText PR #4261): a fill plus O(b·t·k) writes, or O(b·t·k) writes alone
 // when a buffer moves from one selection to the next (topk_rescatter_mask).
 // The O(b·t·k·s) broadcast-compare form is kept only as
@@ -17,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -158,9 +160,26 @@ inline TopKMask topk_mask(const TopKLayout& layout) { return {layout.view()}; }
 // The mask views the layout: a temporary layout would dangle.
 TopKMask topk_mask(TopKLayout&&) = delete;
 
+// jax.lax.top_k's order of float32 values as an integer key: a > b in that
+// order iff topk_order_key(a) > topk_order_key(b). XLA ranks with a total
+// order on the bits, not with IEEE comparison, so
+//   -NaN < -inf < ... < -0.0 < +0.0 < ... < +inf < +NaN
+// (+0.0 ranks above -0.0; a NaN with the sign bit clear, what arithmetic
+// produces, ranks above +inf, and one with it set below -inf; NaNs with
+// different payloads are distinct values). Checked against jax 0.10.2 on CPU:
+// top_k([-0.0, 0.0], 2) -> [1, 0]; top_k([1, nan, inf, -inf, 2], 5) ->
+// [1, 2, 4, 0, 3]; -NaN last. Keys equal only for identical bits.
+inline std::int32_t topk_order_key(float x) {
+  const auto bits = std::bit_cast<std::int32_t>(x);
+  // Negative floats grow in magnitude as their bits grow: flip the magnitude
+  // bits so that the key decreases instead.
+  return bits < 0 ? bits ^ std::numeric_limits<std::int32_t>::max() : bits;
+}
+
 // Indices of the k largest scores along the last axis, as jax.lax.top_k:
-// values descending, equal values lower index first. scores (..., s) ->
-// indices (..., k), int32. NaN is not supported (compare-based).
+// values descending in topk_order_key's total order (so +0.0 before -0.0 and
+// NaN first), equal values lower index first. scores (..., s) -> indices
+// (..., k), int32.
 inline Tensor<std::int32_t> top_k(TensorView<const float> scores, index_t k) {
   detail::require(scores.rank() >= 1, "top_k: scores must have at least one dim, got ", scores.shape());
   const index_t s = scores.extent(-1);
@@ -173,10 +192,13 @@ inline Tensor<std::int32_t> top_k(TensorView<const float> scores, index_t k) {
   Tensor<std::int32_t> out(out_shape);
   const index_t rows = s == 0 ? out_shape.drop_last(1).size() : scores.size() / s;
   std::vector<std::int32_t> order(static_cast<std::size_t>(s));
+  std::vector<std::int32_t> keys(static_cast<std::size_t>(s));
   for (index_t r = 0; r < rows; ++r) {
     const float* row = data + r * s;
+    for (index_t j = 0; j < s; ++j) keys[static_cast<std::size_t>(j)] = topk_order_key(row[j]);
     std::iota(order.begin(), order.end(), 0);
-    auto before = [row](std::int32_t a, std::int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
+    const std::int32_t* key = keys.data();
+    auto before = [key](std::int32_t a, std::int32_t b) { return key[a] > key[b] || (key[a] == key[b] && a < b); };
     std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
     std::copy_n(order.begin(), k, out.data() + r * k);
   }

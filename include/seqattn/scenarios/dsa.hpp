@@ -33,7 +33,10 @@
 #include <span>
 #include <vector>
 
+// clang-format off
+#include "seqattn/core/hwy_config.hpp"  // before any Highway header
 #include <hwy/highway.h>
+// clang-format on
 
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/simd.hpp"
@@ -234,18 +237,20 @@ namespace detail {
 
 // Scratch for select_row, sized once per call.
 struct TopKScratch {
-  std::vector<float> vals;
+  std::vector<std::int32_t> keys;
   std::vector<std::uint64_t> keyed;
 };
 
 // One row of select_topk: writes the row's selection to out[0, count) and
 // returns count; `bypassed` says whether the row had <= k allowed keys.
+// Scores rank in jax.lax.top_k's total order (seqattn::topk_order_key: +0.0
+// above -0.0, NaN above +inf), compared as integer keys.
 inline index_t select_row(const float* row, index_t s, index_t k, TopKOrder order_by, std::int32_t* out, bool& bypassed,
                           TopKScratch& scratch) {
-  scratch.vals.resize(static_cast<std::size_t>(s));
+  scratch.keys.resize(static_cast<std::size_t>(s));
   index_t n = 0;
   for (index_t j = 0; j < s; ++j) {
-    if (row[j] != kNotAllowed) scratch.vals[static_cast<std::size_t>(n++)] = row[j];
+    if (row[j] != kNotAllowed) scratch.keys[static_cast<std::size_t>(n++)] = seqattn::topk_order_key(row[j]);
   }
   bypassed = n <= k;
   if (bypassed) {  // every allowed key is selected, in ascending order; no ranking needed
@@ -255,25 +260,24 @@ inline index_t select_row(const float* row, index_t s, index_t k, TopKOrder orde
     }
     return n;
   }
-  std::nth_element(scratch.vals.begin(), scratch.vals.begin() + (k - 1), scratch.vals.begin() + n, std::greater<>());
-  const float thr = scratch.vals[static_cast<std::size_t>(k - 1)];
+  std::nth_element(scratch.keys.begin(), scratch.keys.begin() + (k - 1), scratch.keys.begin() + n, std::greater<>());
+  const std::int32_t thr = scratch.keys[static_cast<std::size_t>(k - 1)];
+  const auto key = [row](index_t j) { return seqattn::topk_order_key(row[j]); };
   index_t above = 0;
-  for (index_t j = 0; j < s; ++j) above += row[j] > thr;
+  for (index_t j = 0; j < s; ++j) above += row[j] != kNotAllowed && key(j) > thr;
   index_t ties = k - above, c = 0;
   for (index_t j = 0; j < s && c < k; ++j) {
-    if (row[j] > thr || (row[j] == thr && ties-- > 0)) out[c++] = static_cast<std::int32_t>(j);
+    if (row[j] == kNotAllowed) continue;
+    const std::int32_t kj = key(j);
+    if (kj > thr || (kj == thr && ties-- > 0)) out[c++] = static_cast<std::int32_t>(j);
   }
   if (order_by == TopKOrder::by_score) {
     // One 64-bit key per entry, (~order(score) << 32) | index: an integer sort
     // ranks by descending score, then ascending index.
-    const auto ordered = [](float x) {
-      const auto u = std::bit_cast<std::uint32_t>(x == 0.0f ? 0.0f : x);  // -0 ties with +0
-      return (u & 0x80000000u) ? ~u : (u | 0x80000000u);                  // a < b  <=>  ordered(a) < ordered(b)
-    };
     scratch.keyed.resize(static_cast<std::size_t>(k));
     for (index_t r = 0; r < k; ++r) {
-      scratch.keyed[static_cast<std::size_t>(r)] =
-          (std::uint64_t{~ordered(row[out[r]])} << 32) | static_cast<std::uint32_t>(out[r]);
+      const auto ordered = std::bit_cast<std::uint32_t>(key(out[r])) ^ 0x80000000u;  // int32 order as uint32
+      scratch.keyed[static_cast<std::size_t>(r)] = (std::uint64_t{~ordered} << 32) | static_cast<std::uint32_t>(out[r]);
     }
     std::sort(scratch.keyed.begin(), scratch.keyed.end());
     for (index_t r = 0; r < k; ++r) {

@@ -33,7 +33,10 @@
 #include <utility>
 #include <vector>
 
+// clang-format off
+#include "seqattn/core/hwy_config.hpp"  // before any Highway header
 #include <hwy/highway.h>
+// clang-format on
 // Highway's math library (hwy::Exp); the attention backend includes it the same way.
 #include <hwy/contrib/math/math-inl.h>
 

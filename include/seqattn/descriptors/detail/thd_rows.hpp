@@ -20,17 +20,16 @@ namespace seqattn::detail {
 
 // The runs of one side of one row. The descriptor rules on top of the shared
 // parser (core/segment_runs.hpp): ids number the runs 1, 2, 3, ... in order
-// of appearance and stay <= max_segments_per_seq, so run s-1 is segment id s.
+// of appearance (or, with SegmentIdGaps::renumber, increase along the row)
+// and stay <= max_segments_per_seq; segment id s owns output slot s-1.
 struct SegmentRuns {
   SegmentRunParser parser;
-  std::span<const ParsedRun> runs;
+  std::span<const ParsedRun> runs;  // in token order, ids increasing
   int count = 0;
 
   // A row has at most min(max_segments, tokens) runs: room for them all
   // up front keeps the parse free of reallocation.
   void reserve(int max_segments, index_t len) { parser.reserve(std::min<index_t>(max_segments, len)); }
-  const ParsedRun& operator[](int s) const { return runs[static_cast<std::size_t>(s - 1)]; }  // segment id s
-  index_t run_length(int s) const { return (*this)[s].length(); }
 };
 
 // "q_segment_ids of shape (1, 4), row 0" for the errors of one row.
@@ -44,20 +43,33 @@ struct RowWhere {
 // of the shared rules R1-R5.
 struct DescriptorRunRules : StandardRunRules<RowWhere> {
   int max_segments = 1;
+  SegmentIdGaps gaps = SegmentIdGaps::reject;
+  std::int32_t previous = 0;  // id of the row's previous run (0 at the row start)
 
   // Called per run: the check stays inline, the wording out of line.
-  void on_run_start(std::int32_t v, index_t t, std::int32_t, index_t before) const {
-    if (v == static_cast<std::int32_t>(before) + 1 && v <= max_segments) [[likely]]
+  void on_run_start(std::int32_t v, index_t t, std::int32_t, index_t before) {
+    const bool numbered = gaps == SegmentIdGaps::reject ? v == static_cast<std::int32_t>(before) + 1 : v > previous;
+    if (numbered && v <= max_segments) [[likely]] {
+      previous = v;
       return;
+    }
     bad_run_start(v, t, before);
   }
   [[noreturn, gnu::cold, gnu::noinline]] void bad_run_start(std::int32_t v, index_t t, index_t before) const {
     const auto count = static_cast<std::int32_t>(before);
     const std::string at = concat(where(), ", token ", t, ": ");
-    if (v != count + 1) {
+    if (gaps == SegmentIdGaps::reject && v != count + 1) {
       throw_invalid(at, "segment id ", v, " follows ", count == 0 ? "the row start" : "segment ",
                     count == 0 ? std::string() : std::to_string(count), "; expected id ", count + 1,
-                    ": ids must number the segments of a row 1, 2, 3, ... in order of appearance");
+                    ": ids must number the segments of a row 1, 2, 3, ... in order of appearance",
+                    v > count + 1 && v <= max_segments
+                        ? " (ids with gaps, as TE accepts them: pass SegmentIdGaps::renumber)"
+                        : "");
+    }
+    if (gaps == SegmentIdGaps::renumber && v <= previous) {
+      throw_invalid(at, "segment id ", v, " follows segment id ", previous,
+                    ": with SegmentIdGaps::renumber ids may skip numbers but must increase along the row "
+                    "(TE pairs decreasing ids with the wrong offsets)");
     }
     throw_invalid(at, "segment id ", v, " exceeds max_segments_per_seq=", max_segments,
                   " (TE would silently drop its tokens)");
@@ -68,8 +80,8 @@ struct DescriptorRunRules : StandardRunRules<RowWhere> {
 // WithPositions, its position range (self-attention needs no positions).
 template <bool WithPositions, bool Unit>
 void scan_runs(RowPtr<Unit> ids, RowPtr<Unit> pos, index_t len, SegmentRuns& runs, const RowSource& ids_src,
-               index_t src_row, int max_segments) {
-  DescriptorRunRules rules{{RowWhere{&ids_src, src_row}}, max_segments};
+               index_t src_row, int max_segments, SegmentIdGaps gaps) {
+  DescriptorRunRules rules{{RowWhere{&ids_src, src_row}}, max_segments, gaps};
   runs.reserve(max_segments, len);  // allocates on the first row only
   constexpr RunPositions kPositions = WithPositions ? RunPositions::range : RunPositions::none;
   runs.runs = runs.parser.parse<kPositions>(ids, pos, len, rules);
@@ -84,9 +96,8 @@ struct ActiveRange {
 };
 
 template <bool Unit>
-ActiveRange active_range(RowPtr<Unit> pos, const SegmentRuns& runs, int s, std::int64_t lo, std::int64_t hi,
+ActiveRange active_range(RowPtr<Unit> pos, const ParsedRun& run, std::int64_t lo, std::int64_t hi,
                          const RowSource& pos_src, index_t src_row, AttnMaskType mask) {
-  const ParsedRun& run = runs[s];
   const index_t b = run.begin, e = run.end;
   if (lo <= run.min_pos && run.max_pos <= hi) return {b, e - b};  // whole run attends
   if (lo > run.max_pos || hi < run.min_pos) return {};            // nothing attends
@@ -106,7 +117,7 @@ ActiveRange active_range(RowPtr<Unit> pos, const SegmentRuns& runs, int s, std::
   // must be one: positions that are not monotone inside a segment could
   // leave holes, which TE turns into misaligned offsets.
   if (count != last - first + 1) {
-    throw_invalid(pos_src.where(src_row), ": under mask ", to_string(mask), " the tokens of segment ", s,
+    throw_invalid(pos_src.where(src_row), ": under mask ", to_string(mask), " the tokens of segment ", run.id,
                   " that attend anything are not contiguous (", count, " active tokens between tokens ", first, " and ",
                   last, "); positions must be monotone within a segment");
   }
@@ -129,44 +140,53 @@ struct ThdRowOutput {
 
 template <bool QUnit, bool KvUnit>
 void thd_row(RowPtr<QUnit> q_ids, RowPtr<QUnit> q_pos, RowPtr<KvUnit> kv_ids, RowPtr<KvUnit> kv_pos,
-             const RowSource (&src)[4], index_t out_row, AttnMaskType mask, int max_segments, bool self_attention,
-             SegmentRuns& q_runs, SegmentRuns& kv_runs, const ThdRowOutput& out) {
+             const RowSource (&src)[4], index_t out_row, AttnMaskType mask, int max_segments, SegmentIdGaps gaps,
+             bool self_attention, SegmentRuns& q_runs, SegmentRuns& kv_runs, const ThdRowOutput& out) {
   const index_t q_row = source_row(src[0], out_row), kv_row = source_row(src[1], out_row);
   std::fill(out.q_seqlens, out.q_seqlens + max_segments, 0);
   std::fill(out.kv_seqlens, out.kv_seqlens + max_segments, 0);
   std::fill(out.q_offsets, out.q_offsets + max_segments + 1, -1);
   std::fill(out.kv_offsets, out.kv_offsets + max_segments + 1, -1);
   if (self_attention) {
-    scan_runs<false>(q_ids, q_pos, src[0].len, q_runs, src[0], q_row, max_segments);
+    scan_runs<false>(q_ids, q_pos, src[0].len, q_runs, src[0], q_row, max_segments, gaps);
     // Identical q and kv: under every mask type each token attends at least
     // itself, so every segment is active whole, positions do not matter and
     // one scan of the ids suffices.
-    for (int s = 1; s <= q_runs.count; ++s) {
-      out.q_seqlens[s - 1] = out.kv_seqlens[s - 1] = static_cast<std::int32_t>(q_runs.run_length(s));
-      out.q_offsets[s - 1] = out.kv_offsets[s - 1] = static_cast<std::int32_t>(q_runs[s].begin);
+    for (const ParsedRun& run : q_runs.runs) {
+      const auto slot = static_cast<std::size_t>(run.id - 1);
+      out.q_seqlens[slot] = out.kv_seqlens[slot] = static_cast<std::int32_t>(run.length());
+      out.q_offsets[slot] = out.kv_offsets[slot] = static_cast<std::int32_t>(run.begin);
     }
     return;
   }
-  scan_runs<true>(q_ids, q_pos, src[0].len, q_runs, src[0], q_row, max_segments);
-  scan_runs<true>(kv_ids, kv_pos, src[1].len, kv_runs, src[1], kv_row, max_segments);
+  scan_runs<true>(q_ids, q_pos, src[0].len, q_runs, src[0], q_row, max_segments, gaps);
+  scan_runs<true>(kv_ids, kv_pos, src[1].len, kv_runs, src[1], kv_row, max_segments, gaps);
   const bool causal = is_causal(mask), bottom_right = is_bottom_right(mask);
-  const int shared = std::min(q_runs.count, kv_runs.count);  // segments present on both sides
-  for (int s = 1; s <= shared; ++s) {
+  // Segments present on both sides, joined by id (ids increase on both).
+  std::size_t qn = 0, kn = 0;
+  while (qn < q_runs.runs.size() && kn < kv_runs.runs.size()) {
+    const ParsedRun& qr = q_runs.runs[qn];
+    const ParsedRun& kr = kv_runs.runs[kn];
+    if (qr.id != kr.id) {
+      (qr.id < kr.id ? qn : kn) += 1;
+      continue;
+    }
+    ++qn, ++kn;
     // q token i attends iff pos_q[i] >= q_lo; kv token j is attended iff pos_kv[j] <= kv_hi.
     std::int64_t q_lo = kNoLimitLow, kv_hi = kNoLimitHigh;
     if (causal) {
       // Top-left: pos_q >= pos_kv. Bottom-right: rl_q - pos_q <= rl_kv - pos_kv.
-      const std::int64_t shift = bottom_right ? q_runs.run_length(s) - kv_runs.run_length(s) : 0;
-      q_lo = shift + kv_runs[s].min_pos;
-      kv_hi = q_runs[s].max_pos - shift;
+      const std::int64_t shift = bottom_right ? qr.length() - kr.length() : 0;
+      q_lo = shift + kr.min_pos;
+      kv_hi = qr.max_pos - shift;
     }
-    const ActiveRange q = active_range(q_pos, q_runs, s, q_lo, kNoLimitHigh, src[2], source_row(src[2], out_row), mask);
-    const ActiveRange kv =
-        active_range(kv_pos, kv_runs, s, kNoLimitLow, kv_hi, src[3], source_row(src[3], out_row), mask);
-    out.q_seqlens[s - 1] = static_cast<std::int32_t>(q.count);
-    out.kv_seqlens[s - 1] = static_cast<std::int32_t>(kv.count);
-    out.q_offsets[s - 1] = static_cast<std::int32_t>(q.first);
-    out.kv_offsets[s - 1] = static_cast<std::int32_t>(kv.first);
+    const ActiveRange q = active_range(q_pos, qr, q_lo, kNoLimitHigh, src[2], source_row(src[2], out_row), mask);
+    const ActiveRange kv = active_range(kv_pos, kr, kNoLimitLow, kv_hi, src[3], source_row(src[3], out_row), mask);
+    const auto slot = static_cast<std::size_t>(qr.id - 1);
+    out.q_seqlens[slot] = static_cast<std::int32_t>(q.count);
+    out.kv_seqlens[slot] = static_cast<std::int32_t>(kv.count);
+    out.q_offsets[slot] = static_cast<std::int32_t>(q.first);
+    out.kv_offsets[slot] = static_cast<std::int32_t>(kv.first);
   }
 }
 

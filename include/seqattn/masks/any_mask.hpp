@@ -103,8 +103,10 @@ class AnyMask {
 
   // Wraps `mask`. `owner` is kept alive as long as any copy of this AnyMask:
   // pass the owning object of whatever `mask` views.
-  template <MaskDescription M>
-  requires(!std::is_same_v<std::remove_cvref_t<M>, AnyMask>) AnyMask(  // NOLINT(google-explicit-constructor)
+  // The AnyMask test comes first: checking MaskDescription<AnyMask> needs
+  // AnyMask's copy constructor, and clang would recurse into this one.
+  template <class M>
+  requires(!std::is_same_v<std::remove_cvref_t<M>, AnyMask> && MaskDescription<M>) AnyMask(  // NOLINT
       M mask, std::shared_ptr<const void> owner = {})
       : impl_(std::make_shared<const Model<M>>(std::move(mask), std::move(owner))) {}
 

@@ -69,6 +69,24 @@ Tensor<T> random_tensor(const Extents& shape, std::uint32_t seed) {
 }
 
 // Allowed (q, kv) pairs of one head of one sequence.
+// Runs the planned forward pass once per benchmark iteration with manual
+// timing; returns the mean seconds per call.
+template <class Plan, class Inputs, class T>
+double timed_forward_calls(benchmark::State& state, const Plan& plan, const Inputs& in, Tensor<T>& out,
+                           Tensor<float>& lse, execution::ThreadPool& pool) {
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    attention_forward(plan, in, out.view(), lse.view(), pool);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    state.SetIterationTime(dt);
+    seconds += dt;
+  }
+  return seconds / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+}
+
 template <class M>
 double allowed_pairs(const M& mask, index_t q_len, index_t kv_len) {
   const MaskContext ctx{0, 0, q_len, kv_len};
@@ -105,17 +123,7 @@ void run_attention(benchmark::State& state, const M& mask, index_t batch, index_
   const auto plan = plan_attention<backends::Highway>(shape_of(in), mask, {}, threads);
   const BlockMask& bm = plan.block_mask();
   execution::ThreadPool pool(threads);
-  double seconds = 0;
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    attention_forward(plan, in, out.view(), lse.view(), pool);
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    state.SetIterationTime(dt);
-    seconds += dt;
-  }
-  const double per_call = seconds / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  const double per_call = timed_forward_calls(state, plan, in, out, lse, pool);
   const double gflops =
       2.0 * static_cast<double>(batch * heads * (d + d)) * allowed_pairs(mask, q_len, kv_len) * 1e-9 / per_call;
   const auto& lim = bench::limits();
@@ -213,17 +221,7 @@ void run_paged_decode(benchmark::State& state, index_t heads, index_t kv_heads) 
   Tensor<float> lse({1, heads, 1});
   const auto plan = plan_attention<backends::Highway>(shape_of(in), FullMask{}, {}, threads);
   execution::ThreadPool pool(threads);
-  double seconds = 0;
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    attention_forward(plan, in, out.view(), lse.view(), pool);
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    state.SetIterationTime(dt);
-    seconds += dt;
-  }
-  const double per_call = seconds / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  const double per_call = timed_forward_calls(state, plan, in, out, lse, pool);
   const auto& lim = bench::limits();
   const double gbps = static_cast<double>(kKv * kv_heads * 2 * kDim) * sizeof(T) * 1e-9 / per_call;
   state.counters["GBps"] = gbps;

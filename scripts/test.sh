@@ -10,6 +10,13 @@
 #   SEQATTN_JOBS=N                       parallel build/test jobs (default: nproc)
 # Compilations go through ccache when it is installed (ensure-deps installs
 # it), keyed relative to the checkout so that fresh clones share the cache.
+# CUDA: when nvcc is found (PATH, CUDACXX or /usr/local/cuda/bin; see
+# cmake/SeqattnCuda.cmake) the release stage also builds the CUDA backend's
+# GPU test, benchmark and example for sm_80 and sm_90; the GPU test (CTest
+# label gpu) reports Skipped on machines without a CUDA device. No nvcc: the
+# option is off and the stage passes without them. asan/tsan/fuzz never
+# build CUDA code; the host-only CUDA planning tests (tests/cuda/*.cpp) run
+# in release and asan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ensure-deps.sh
@@ -19,6 +26,7 @@ jobs=${SEQATTN_JOBS:-$(nproc)}
 
 if command -v ccache >/dev/null 2>&1; then
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache
+  export CMAKE_CUDA_COMPILER_LAUNCHER=ccache
   export CCACHE_BASEDIR="$PWD"
   export CCACHE_NOHASHDIR=1
   export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}

@@ -40,6 +40,7 @@
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
 #include "seqattn/attention/plan.hpp"
+#include "seqattn/attention/run.hpp"
 #include "seqattn/attention/softmax_state.hpp"
 #include "seqattn/attention/variants.hpp"
 #include "seqattn/backends/highway.hpp"
@@ -50,88 +51,6 @@
 #include "seqattn/masks/concept.hpp"
 
 namespace seqattn {
-
-// Runs a plan on inputs of the shape it was made for.
-template <class Backend, class T, ScoreVariant V, ExecutionPolicy Exec>
-void attention_forward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
-                       std::type_identity_t<TensorView<T>> out, TensorView<float> lse, const V& variant, Exec&& exec) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bfloat16>, "storage must be float or seqattn::bfloat16");
-  const AttentionShape shape = shape_of(inputs);
-  plan.require_shape(shape, "attention_forward");
-  detail::check_variant(variant, shape);
-  const detail::AttentionProblem<T> problem = detail::make_attention_problem(inputs, shape, out, lse);
-  Backend::forward(plan, problem, variant, exec);
-}
-
-template <class Backend, class T, ExecutionPolicy Exec>
-void attention_forward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
-                       std::type_identity_t<TensorView<T>> out, TensorView<float> lse, Exec&& exec) {
-  attention_forward(plan, inputs, out, lse, variants::Default{}, exec);
-}
-
-template <class Backend, class T, ScoreVariant V = variants::Default>
-void attention_forward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
-                       std::type_identity_t<TensorView<T>> out, TensorView<float> lse, const V& variant = {}) {
-  attention_forward(plan, inputs, out, lse, variant, execution::Serial{});
-}
-
-// ---- Backward -----------------------------------------------------------------
-
-// Gradients of q, k and v (each the shape of its input), and optionally of
-// the variant's sink logits (one per query head).
-template <class T>
-struct AttentionGrads {
-  TensorView<T> dq;
-  TensorView<T> dk;
-  TensorView<T> dv;
-  std::span<float> dsinks = {};
-};
-
-template <class B>
-concept BackwardBackend = AttentionBackend<B> &&
-    requires(const AttentionPlan<B>& plan, const detail::BackwardProblem<float>& p, const variants::Default& v,
-             execution::Serial& exec) {
-  B::backward(plan, p, v, exec);
-};
-
-// The gradients of attention_forward(plan, inputs, out, lse, variant) given
-// dout, the gradient of out (lse is not differentiated). The plan must be
-// made with PlanOptions::backward = true; out and lse are what the forward
-// pass returned. dk and dv rows no query sees become 0; THD tokens no
-// segment covers are not written. Deterministic: the same inputs give
-// bitwise-identical gradients for any executor and worker count.
-template <class Backend, class T, ScoreVariant V, ExecutionPolicy Exec>
-void attention_backward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
-                        std::type_identity_t<TensorView<const T>> out, TensorView<const float> lse,
-                        std::type_identity_t<TensorView<const T>> dout, const AttentionGrads<T>& grads,
-                        const V& variant, Exec&& exec) {
-  static_assert(BackwardBackend<Backend>, "this backend has no backward pass");
-  static_assert(!HasScoreHook<V> || HasScoreGradHook<V>,
-                "this score variant has a score hook but no score_grad: its gradient is unknown");
-  const AttentionShape shape = shape_of(inputs);
-  plan.require_shape(shape, "attention_backward");
-  detail::check_variant(variant, shape);
-  const detail::BackwardProblem<T> problem =
-      detail::make_backward_problem(inputs, shape, out, lse, dout, grads.dq, grads.dk, grads.dv, grads.dsinks);
-  Backend::backward(plan, problem, variant, exec);
-}
-
-template <class Backend, class T, ExecutionPolicy Exec>
-void attention_backward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
-                        std::type_identity_t<TensorView<const T>> out, TensorView<const float> lse,
-                        std::type_identity_t<TensorView<const T>> dout, std::type_identity_t<TensorView<T>> dq,
-                        std::type_identity_t<TensorView<T>> dk, std::type_identity_t<TensorView<T>> dv, Exec&& exec) {
-  attention_backward(plan, inputs, out, lse, dout, AttentionGrads<T>{dq, dk, dv}, variants::Default{}, exec);
-}
-
-template <class Backend, class T>
-void attention_backward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
-                        std::type_identity_t<TensorView<const T>> out, TensorView<const float> lse,
-                        std::type_identity_t<TensorView<const T>> dout, std::type_identity_t<TensorView<T>> dq,
-                        std::type_identity_t<TensorView<T>> dk, std::type_identity_t<TensorView<T>> dv) {
-  attention_backward(plan, inputs, out, lse, dout, AttentionGrads<T>{dq, dk, dv}, variants::Default{},
-                     execution::Serial{});
-}
 
 // One call: plans (or takes options.block_mask) and runs with the variant
 // options describe (variants::Standard: scale, softcap, sinks).

@@ -13,6 +13,7 @@
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/plan.hpp"
+#include "seqattn/attention/run.hpp"
 #include "seqattn/attention/variants.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/execution.hpp"
@@ -22,7 +23,8 @@ namespace seqattn {
 template <class Backend, class T, ScoreVariant V, ExecutionPolicy Exec>
 void attention_forward(const AttentionPlan<Backend>& plan, const PagedAttentionInputs<T>& inputs,
                        std::type_identity_t<TensorView<T>> out, TensorView<float> lse, const V& variant, Exec&& exec) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, bfloat16>, "storage must be float or seqattn::bfloat16");
+  static_assert(detail::kBackendStores<Backend, T>,
+                "storage must be float or seqattn::bfloat16 (or a type the backend declares in kStores)");
   const AttentionShape shape = shape_of(inputs);
   plan.require_shape(shape, "attention_forward (paged K/V)");
   detail::check_variant(variant, shape);

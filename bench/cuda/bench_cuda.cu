@@ -1,0 +1,180 @@
+// backends::Cuda on the shapes of bench/compare/cuda_vs_torch.py, beside the
+// GPU's own limits measured in the same run: cuBLAS bf16 GEMM (8192^3) for the
+// dense tensor-core rate and a device-to-device copy for HBM bandwidth.
+//
+//   bench_cuda [--json FILE] [--iters N] [--shapes SUBSTRING] [--no-limits]
+//
+// Useful FLOPs = 4 * d * allowed (q, k) pairs * heads * batch, counted from
+// the mask (masked tiles the kernel skips are not credited). Decode GB/s
+// counts K, V, q and out once. bf16, d = 128, scale 1/sqrt(d).
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <cublas_v2.h>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "seqattn/backends/cuda.cuh"
+#include "seqattn/masks.hpp"
+
+namespace {
+
+using namespace seqattn;
+
+float median_ms(const std::function<void()>& call, int iters) {
+  cudaEvent_t a, b;
+  cuda::check(cudaEventCreate(&a), "cudaEventCreate");
+  cuda::check(cudaEventCreate(&b), "cudaEventCreate");
+  for (int i = 0; i < 3; ++i) call();
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    cuda::check(cudaEventRecord(a), "cudaEventRecord");
+    call();
+    cuda::check(cudaEventRecord(b), "cudaEventRecord");
+    cuda::check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float t = 0;
+    cuda::check(cudaEventElapsedTime(&t, a, b), "cudaEventElapsedTime");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
+void fill_random(bfloat16* dev, std::size_t n, unsigned seed) {
+  std::vector<bfloat16> host(n);
+  std::uint64_t s = seed;
+  for (auto& x : host) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = bfloat16(static_cast<float>(static_cast<int>((s >> 40) % 2001) - 1000) / 1000.0f);
+  }
+  cuda::check(cudaMemcpy(dev, host.data(), n * sizeof(bfloat16), cudaMemcpyHostToDevice), "cudaMemcpy");
+}
+
+double gemm_tflops(int iters) {
+  const int n = 8192;
+  cuda::DeviceBuffer<bfloat16> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+  const float one = 1.0f, zero = 0.0f;
+  const float ms = median_ms(
+      [&] {
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a.data(), CUDA_R_16BF, n, b.data(), CUDA_R_16BF, n,
+                     &zero, c.data(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      },
+      iters);
+  cublasDestroy(h);
+  return 2.0 * n * double(n) * n / (ms * 1e-3) / 1e12;
+}
+
+double copy_gbps(int iters) {
+  const std::size_t bytes = std::size_t(2) << 30;
+  cuda::DeviceBuffer<char> a(bytes), b(bytes);
+  const float ms = median_ms([&] { cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice); }, iters);
+  return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
+}
+
+struct Case {
+  std::string name;
+  index_t batch, q_len, kv_len, heads, kv_heads;
+  std::string mask;  // causal, docs, window, full
+  double pairs;      // allowed (q, k) pairs per head per sequence
+};
+
+struct Row {
+  std::string name;
+  double ms, tflops, gbps;
+  std::string plan;
+};
+
+Row run_case(const Case& c, int iters) {
+  const index_t d = 128;
+  const std::size_t nq = std::size_t(c.batch * c.q_len * c.heads * d),
+                    nkv = std::size_t(c.batch * c.kv_len * c.kv_heads * d);
+  cuda::DeviceBuffer<bfloat16> q(nq), k(nkv), v(nkv), out(nq);
+  cuda::DeviceBuffer<float> lse(std::size_t(c.batch * c.heads * c.q_len));
+  fill_random(q.data(), nq, 1);
+  fill_random(k.data(), nkv, 2);
+  fill_random(v.data(), nkv, 3);
+  const AttentionInputs<bfloat16> in{TensorView<const bfloat16>(q.data(), Extents{c.batch, c.q_len, c.heads, d}),
+                                     TensorView<const bfloat16>(k.data(), Extents{c.batch, c.kv_len, c.kv_heads, d}),
+                                     TensorView<const bfloat16>(v.data(), Extents{c.batch, c.kv_len, c.kv_heads, d})};
+  const TensorView<bfloat16> o(out.data(), Extents{c.batch, c.q_len, c.heads, d});
+  const TensorView<float> l(lse.data(), Extents{c.batch, c.heads, c.q_len});
+  const AttentionShape shape = shape_of(in);
+  std::vector<std::int32_t> ids;
+  for (index_t b = 0; b < c.batch; ++b)
+    for (index_t t = 0; t < c.q_len; ++t) ids.push_back(static_cast<std::int32_t>(t / 512));
+  auto run_with = [&](const auto& mask) {
+    const auto plan = plan_attention<backends::Cuda>(shape, mask);
+    const cuda::LaunchPlan& lp = plan.work().device->launch;
+    const std::string desc = "grid " + std::to_string(lp.items.size()) + "x" + std::to_string(lp.head_groups) + "x" +
+                             std::to_string(lp.kv_splits) + ", heads/cta " + std::to_string(lp.heads_per_cta);
+    const float ms = median_ms([&] { attention_forward(plan, in, o, l, variants::Default{}, cuda::Stream{}); }, iters);
+    const double flops = 4.0 * d * c.pairs * c.heads * c.batch;
+    const double bytes = 2.0 * (2.0 * nkv + 2.0 * nq);
+    return Row{c.name, ms, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9, desc};
+  };
+  if (c.mask == "causal") return run_with(CausalMask{});
+  if (c.mask == "window") return run_with(SlidingWindowMask{1023, 0});
+  if (c.mask == "full") return run_with(FullMask{});
+  const DocumentLayout layout =
+      DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), Extents{c.batch, c.q_len}));
+  return run_with(document_mask(layout, CausalMask{}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json, only;
+  int iters = 20;
+  bool limits = true;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc)
+      json = argv[++i];
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc)
+      only = argv[++i];
+    else if (!std::strcmp(argv[i], "--no-limits"))
+      limits = false;
+  }
+  try {
+    cudaDeviceProp prop{};
+    cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    const double peak = limits ? gemm_tflops(iters) : 1.0, bw = limits ? copy_gbps(iters) : 1.0;
+    std::printf("GPU: %s (%d SMs)\ncuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s; D2D copy: %.0f GB/s (read + write)\n\n",
+                prop.name, prop.multiProcessorCount, peak, bw);
+    auto tri = [](double n) { return n * (n + 1) / 2; };
+    const std::vector<Case> cases{
+        {"causal-4k", 1, 4096, 4096, 32, 32, "causal", tri(4096)},
+        {"causal-16k", 1, 16384, 16384, 32, 32, "causal", tri(16384)},
+        {"docs-16x512", 1, 8192, 8192, 32, 32, "docs", 16 * tri(512)},
+        {"window-1k-16k", 1, 16384, 16384, 32, 32, "window", tri(1024) + (16384.0 - 1024) * 1024},
+        {"decode-32k-b1", 1, 1, 32768, 32, 4, "full", 32768},
+        {"decode-32k-b8", 8, 1, 32768, 32, 4, "full", 32768},
+    };
+    std::string out = "{\"gpu\": \"" + std::string(prop.name) + "\", \"gemm_tflops\": " + std::to_string(peak) +
+                      ", \"copy_gbps\": " + std::to_string(bw) + ", \"results\": [";
+    std::printf("| shape | ms | TFLOP/s | of GEMM | GB/s | of copy | plan |\n|---|---|---|---|---|---|---|\n");
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      if (!only.empty() && cases[i].name.find(only) == std::string::npos) continue;
+      const Row r = run_case(cases[i], iters);
+      std::printf("| %s | %.3f | %.1f | %.2f | %.0f | %.2f | %s |\n", r.name.c_str(), r.ms, r.tflops, r.tflops / peak,
+                  r.gbps, r.gbps / bw, r.plan.c_str());
+      out += std::string(i ? ", " : "") + "{\"shape\": \"" + r.name +
+             "\", \"impl\": \"seqattn-cuda\", \"ms\": " + std::to_string(r.ms) +
+             ", \"tflops\": " + std::to_string(r.tflops) + ", \"gbps\": " + std::to_string(r.gbps) + ", \"note\": \"" +
+             r.plan + "\"}";
+    }
+    out += "]}\n";
+    if (!json.empty()) std::ofstream(json) << out;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

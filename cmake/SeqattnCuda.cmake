@@ -1,0 +1,112 @@
+# The CUDA backend (include/seqattn/backends/cuda.cuh): option
+# SEQATTN_BUILD_CUDA, the CUDA language, and seqattn_cuda_options, the compile
+# options of seqattn's own .cu targets (the GPU test, benchmark and example).
+# Included from the top-level CMakeLists.txt after SeqattnProjectFlags.
+#
+# The library itself needs none of this: it stays header-only, and consumers
+# compile cuda.cuh with their own nvcc settings. The host-only planning
+# headers (backends/cuda/*.hpp) and their test (tests/cuda/*.cpp) build with
+# the C++ compiler whatever this option says.
+
+# On by default when seqattn is the top-level project, builds tests, examples
+# or benchmarks, is not sanitized (the asan/tsan/fuzz presets turn it off too)
+# and an nvcc is found: on PATH, in CUDACXX, or in /usr/local/cuda/bin, which
+# non-login shells (CI) often lack on PATH.
+set(_seqattn_cuda_default OFF)
+set(_seqattn_cuda_wanted OFF)
+if(DEFINED SEQATTN_BUILD_CUDA)
+  set(_seqattn_cuda_wanted ${SEQATTN_BUILD_CUDA})
+elseif(PROJECT_IS_TOP_LEVEL
+       AND SEQATTN_SANITIZE STREQUAL ""
+       AND (SEQATTN_BUILD_TESTS
+            OR SEQATTN_BUILD_EXAMPLES
+            OR SEQATTN_BUILD_BENCHMARKS))
+  set(_seqattn_cuda_wanted ON)
+endif()
+if(_seqattn_cuda_wanted
+   AND NOT DEFINED CMAKE_CUDA_COMPILER
+   AND "$ENV{CUDACXX}" STREQUAL "")
+  find_program(
+    _seqattn_nvcc nvcc
+    PATHS /usr/local/cuda/bin
+    NO_CACHE)
+  if(_seqattn_nvcc)
+    # Read by check_language (a child CMake) and enable_language below.
+    set(ENV{CUDACXX} "${_seqattn_nvcc}")
+  endif()
+endif()
+if(_seqattn_cuda_wanted AND NOT DEFINED SEQATTN_BUILD_CUDA)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(_seqattn_cuda_default ON)
+  endif()
+endif()
+option(SEQATTN_BUILD_CUDA "Build the CUDA backend's GPU test, benchmark and example (needs nvcc)"
+       ${_seqattn_cuda_default})
+if(NOT SEQATTN_BUILD_CUDA)
+  return()
+endif()
+
+# Compute capability 8.0 (A100) and 9.0 (H100/H200): SASS for both plus
+# compute_90 PTX. Each architecture costs a full device compilation, so keep
+# the list short; override with -DCMAKE_CUDA_ARCHITECTURES=... or CUDAARCHS.
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND "$ENV{CUDAARCHS}" STREQUAL "")
+  set(CMAKE_CUDA_ARCHITECTURES
+      "80;90"
+      CACHE STRING "CUDA architectures for seqattn's CUDA targets")
+endif()
+# nvcc compiles host code with the project's C++ compiler, not whatever g++ is
+# first on PATH.
+if(NOT CMAKE_CUDA_HOST_COMPILER AND "$ENV{CUDAHOSTCXX}" STREQUAL "")
+  # check_language leaves an empty normal variable, which would hide the cache entry.
+  unset(CMAKE_CUDA_HOST_COMPILER)
+  set(CMAKE_CUDA_HOST_COMPILER
+      "${CMAKE_CXX_COMPILER}"
+      CACHE FILEPATH "Host compiler for nvcc (default: CMAKE_CXX_COMPILER)")
+endif()
+enable_language(CUDA)
+find_package(CUDAToolkit REQUIRED)
+# C++20 for .cu sources. CMake before 3.26 has no CUDA20 dialect for nvcc
+# (Debian 12 ships 3.25): the flag is then passed by seqattn_cuda_options.
+if(DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  set(CMAKE_CUDA_EXTENSIONS OFF)
+  set(_seqattn_cuda_std_flag "")
+else()
+  set(_seqattn_cuda_std_flag -std=c++20)
+endif()
+if(PROJECT_IS_TOP_LEVEL)
+  message(
+    STATUS
+      "seqattn: CUDA ${CMAKE_CUDA_COMPILER_VERSION} (${CMAKE_CUDA_COMPILER}), architectures ${CMAKE_CUDA_ARCHITECTURES}, host compiler ${CMAKE_CUDA_HOST_COMPILER}"
+  )
+endif()
+
+# Options for seqattn's own .cu sources, the CUDA counterpart of
+# seqattn_project_options (whose bare GCC flags nvcc would reject).
+#   - host warnings through -Xcompiler; not -Wpedantic: g++ would flag every
+#     line marker in nvcc's generated host code ("style of line directive is
+#     a GCC extension");
+#   - --Werror=all-warnings makes nvcc's own (EDG front end, ptxas)
+#     diagnostics errors;
+#   - the SIMD flags reach the host compiler (-march) and both passes (-D), so
+#     that headers pulling Highway (seqattn/attention.hpp) see the same static
+#     target as the C++ tests;
+#   - diagnostic 1675 ("unrecognized GCC pragma"): the EDG front end does not
+#     know `#pragma GCC unroll` (backends/highway-inl.h); g++ still does.
+add_library(seqattn_cuda_options INTERFACE)
+target_link_libraries(seqattn_cuda_options INTERFACE seqattn::seqattn CUDA::cudart)
+set(_seqattn_cuda_flags ${_seqattn_cuda_std_flag} -Xcompiler=-Wall -Xcompiler=-Wextra --diag-suppress=1675)
+if(SEQATTN_WARNINGS_AS_ERRORS)
+  list(APPEND _seqattn_cuda_flags -Xcompiler=-Werror --Werror=all-warnings)
+endif()
+foreach(_flag IN LISTS _seqattn_simd_flags)
+  if(_flag MATCHES "^-[DU]")
+    list(APPEND _seqattn_cuda_flags ${_flag})
+  else()
+    list(APPEND _seqattn_cuda_flags -Xcompiler=${_flag})
+  endif()
+endforeach()
+target_compile_options(seqattn_cuda_options INTERFACE "$<$<COMPILE_LANGUAGE:CUDA>:${_seqattn_cuda_flags}>")

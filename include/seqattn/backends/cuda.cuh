@@ -1,0 +1,473 @@
+// backends::Cuda: the attention engine on NVIDIA GPUs (sm_80 and newer), as
+// an AttentionBackend policy. Compile with nvcc; link CUDA::cudart.
+//
+//   auto plan = seqattn::plan_attention<seqattn::backends::Cuda>(shape, mask);   // uploads the mask
+//   seqattn::attention_forward(plan, inputs, out, lse, variant, seqattn::cuda::Stream{stream});
+//
+// The inputs are the usual AttentionInputs / TensorViews, over device memory
+// (bf16 or fp16; seqattn::bfloat16 / seqattn::float16 are layout-compatible
+// with __nv_bfloat16 / __half). The call is asynchronous on the given stream;
+// with execution::Serial it runs on the default stream and waits. Planning
+// uploads the BlockMask (tile lists, full/partial flags, deduplicated tile
+// bits) and allocates the split workspace once; a call allocates nothing.
+//
+// Variants with a device form: Default, Scale, Softcap, Sinks, Alibi, Standard
+// and Chains of them (softcap before ALiBi). Host-function variants (Bias,
+// ScoreMod) have no device form and are rejected at compile time.
+//
+// Calls that reuse one plan are ordered on the GPU: each call's small
+// per-call upload (sequence offsets, sinks, slopes) waits for the previous
+// call through an event, so one plan may be used from several streams.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <cuda_runtime.h>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "seqattn/attention/detail/paged_forward.hpp"
+#include "seqattn/attention/detail/problem.hpp"
+#include "seqattn/attention/plan.hpp"
+#include "seqattn/attention/run.hpp"
+#include "seqattn/attention/variants.hpp"
+#include "seqattn/backends/cuda/device_mask.hpp"
+#include "seqattn/backends/cuda/forward_kernel.cuh"
+#include "seqattn/backends/cuda/launch_plan.hpp"
+#include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/error.hpp"
+#include "seqattn/core/float16.hpp"
+
+namespace seqattn::cuda {
+
+// Throws std::runtime_error naming the CUDA call that failed.
+inline void check(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(seqattn::detail::concat("Cuda backend: ", call, " failed: ", cudaGetErrorName(status),
+                                                     " (", cudaGetErrorString(status), ")"));
+  }
+}
+
+// Owning device allocation of n elements of T.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t n) : size_(n) {
+    if (n > 0) check(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)), "cudaMalloc");
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (data_) cudaFree(data_);
+  }
+  T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+  // Synchronous upload (planning only).
+  void upload(std::span<const T> host) {
+    seqattn::detail::require(host.size() <= size_, "DeviceBuffer::upload: ", host.size(), " elements into ", size_);
+    if (!host.empty())
+      check(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+template <class T>
+DeviceBuffer<T> upload(const std::vector<T>& host) {
+  DeviceBuffer<T> buffer(host.size());
+  buffer.upload(std::span<const T>(host));
+  return buffer;
+}
+
+// The execution policy of the Cuda backend: the stream a call runs on. It is
+// an ExecutionPolicy (one worker) so the generic attention_forward takes it.
+struct Stream {
+  cudaStream_t stream = nullptr;
+  int workers() const { return 1; }
+  template <class F>
+  void parallel_for(index_t n, F&& f) const {
+    for (index_t i = 0; i < n; ++i) f(i, 0);
+  }
+};
+
+// What a plan keeps on the device.
+struct DevicePlan {
+  int device = 0;
+  index_t num_sms = 0;
+  DeviceMaskLayout layout;  // host copy (inspection, tests)
+  LaunchPlan launch;
+  DeviceBuffer<std::int32_t> row_offsets;
+  DeviceBuffer<KvTileEntry> entries;
+  DeviceBuffer<std::uint64_t> tile_bits;
+  DeviceBuffer<WorkItem> items;
+  DeviceBuffer<float> part_out, part_lse;
+  // Per-call uploads, ordered by `last_call`.
+  DeviceBuffer<detail::DeviceSequence> sequences;
+  DeviceBuffer<float> sinks, slopes;
+  // What the per-call buffers hold now: a call that would upload the same
+  // bytes (the usual case when a plan is reused) skips the copy.
+  std::vector<detail::DeviceSequence> sequences_held;
+  std::vector<float> sinks_held, slopes_held;
+  DeviceBuffer<std::int32_t> pages;  // paged K/V: the pages of every sequence, in order
+  std::vector<std::int32_t> pages_held;
+  std::mutex call_mutex;
+  cudaEvent_t last_call = nullptr;
+
+  DevicePlan() = default;
+  DevicePlan(const DevicePlan&) = delete;
+  DevicePlan& operator=(const DevicePlan&) = delete;
+  ~DevicePlan() {
+    if (last_call) cudaEventDestroy(last_call);
+  }
+};
+
+// The device form of a score variant.
+struct DeviceVariant {
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  std::span<const float> sinks;   // host, per query head; empty: none
+  std::span<const float> slopes;  // host ALiBi slopes; empty: none
+};
+
+namespace detail {
+
+template <class V>
+inline constexpr bool kAlwaysFalse = false;
+
+// Adds one variant's hooks to `d`; `stage` tracks the order (softcap must
+// come before ALiBi, as the kernel applies them).
+// Adds one variant's hooks to `d` (the scale comes from variant_scale, which
+// already follows Chain's first-scale rule). `alibi_seen` enforces the order
+// the kernel applies them in: softcap, then ALiBi.
+template <class V>
+void add_variant(DeviceVariant& d, const V& v, bool& alibi_seen) {
+  if constexpr (std::is_same_v<V, variants::Default> || std::is_same_v<V, variants::Scale>) {
+  } else if constexpr (std::is_same_v<V, variants::Softcap>) {
+    seqattn::detail::require(!alibi_seen || !(v.cap > 0.0f),
+                             "Cuda backend: in a variant chain softcap must come before ALiBi (the kernel applies "
+                             "softcap first)");
+    d.softcap = v.cap;
+  } else if constexpr (std::is_same_v<V, variants::Sinks>) {
+    d.sinks = v.logits;
+  } else if constexpr (std::is_same_v<V, variants::Alibi>) {
+    d.slopes = v.slopes;
+    alibi_seen = true;
+  } else if constexpr (std::is_same_v<V, variants::Standard>) {
+    add_variant(d, v.softcap, alibi_seen);
+    add_variant(d, v.sinks, alibi_seen);
+  } else if constexpr (requires { v.parts; }) {
+    std::apply([&](const auto&... part) { (add_variant(d, part, alibi_seen), ...); }, v.parts);
+  } else {
+    static_assert(
+        kAlwaysFalse<V>,
+        "backends::Cuda runs Default, Scale, Softcap, Sinks, Alibi, Standard and Chains of them; host-function "
+        "variants (Bias, ScoreMod) have no device form");
+  }
+}
+
+template <class V>
+DeviceVariant device_variant(const V& v, index_t dk) {
+  DeviceVariant d;
+  d.scale = seqattn::detail::variant_scale(v, dk);
+  bool alibi_seen = false;
+  add_variant(d, v, alibi_seen);
+  return d;
+}
+
+template <class T>
+using DeviceStorage = std::conditional_t<std::is_same_v<T, bfloat16>, bfloat16, float16>;
+
+// Throws unless `p` is device memory of the current device (or managed).
+inline void require_device_pointer(const void* p, const char* name, int device) {
+  if (p == nullptr) return;
+  cudaPointerAttributes attr{};
+  check(cudaPointerGetAttributes(&attr, p), "cudaPointerGetAttributes");
+  seqattn::detail::require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
+                           "attention_forward (Cuda): ", name,
+                           " must point to device memory (cudaMalloc, a torch CUDA tensor, ...), got a host pointer");
+  seqattn::detail::require(attr.type == cudaMemoryTypeManaged || attr.device == device,
+                           "attention_forward (Cuda): ", name, " lives on device ", attr.device,
+                           " but the plan was made on device ", device);
+}
+
+inline void require_row_layout(const seqattn::detail::TensorStrides& s, const void* base, const char* name) {
+  seqattn::detail::require(s.dim == 1, "attention_forward (Cuda): ", name,
+                           " must be contiguous in the head dim (stride 1), got dim stride ", s.dim);
+  seqattn::detail::require(s.token % 8 == 0 && s.head % 8 == 0 && reinterpret_cast<std::uintptr_t>(base) % 16 == 0,
+                           "attention_forward (Cuda): ", name,
+                           " rows must be 16-byte aligned: token and head strides multiples of 8 elements (got ",
+                           s.token, " and ", s.head, ") and a 16-byte aligned base pointer");
+}
+
+template <class T, int D, bool kScoreMod>
+void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(lp.items.size()), static_cast<unsigned>(lp.head_groups),
+                  static_cast<unsigned>(lp.kv_splits));
+  if constexpr (D <= 128) {
+    if (lp.decode) {
+      auto* kernel = &decode_kernel<T, D, kScoreMod>;
+      constexpr int kSmem = DecodeConfig<D>::kSmemBytes;
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+            "cudaFuncSetAttribute(decode_kernel)");
+      kernel<<<grid, kDecodeThreads, kSmem, stream>>>(p);
+      check(cudaGetLastError(), "decode_kernel launch");
+    }
+  }
+  if (!lp.decode) {
+    using Cfg = KernelConfig<D>;
+    auto* kernel = &forward_kernel<T, D, kScoreMod>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
+          "cudaFuncSetAttribute(forward_kernel)");
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    check(cudaGetLastError(), "forward_kernel launch");
+  }
+  if (lp.kv_splits > 1) {
+    merge_splits_kernel<T><<<dim3(grid.x, grid.y, 1), kMergeThreads, 0, stream>>>(p);
+    check(cudaGetLastError(), "merge_splits_kernel launch");
+  }
+}
+
+// Plain scores (a positive scale, nothing else) fold the scale into the
+// exponent; anything else takes the score-modifying instantiation.
+template <class T, int D>
+void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_t stream) {
+  if (p.softcap_log2 != 0.0f || p.alibi_slopes != nullptr || !(p.scale_log2 > 0.0f)) {
+    launch_forward<T, D, true>(p, lp, stream);
+  } else {
+    launch_forward<T, D, false>(p, lp, stream);
+  }
+}
+
+}  // namespace detail
+}  // namespace seqattn::cuda
+
+namespace seqattn::backends {
+
+struct Cuda {
+  struct Work {
+    std::shared_ptr<cuda::DevicePlan> device;
+  };
+
+  static const char* name() { return "Cuda"; }
+  static constexpr BlockShape block_shape() { return {cuda::kBlockQ, cuda::kBlockKv}; }
+  template <class T>
+  static constexpr bool kStores = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+  static Support supports(const AttentionShape& s) {
+    if (s.dk > cuda::kMaxHeadDim || s.dv > cuda::kMaxHeadDim) {
+      return {detail::concat("head dims up to ", cuda::kMaxHeadDim, " (dk ", s.dk, ", dv ", s.dv, ")")};
+    }
+    if (s.dk % 8 != 0 || s.dv % 8 != 0) {
+      return {detail::concat("head dims must be multiples of 8 (16-byte rows), got dk ", s.dk, ", dv ", s.dv)};
+    }
+    for (index_t b = 0; b < s.batch(); ++b) {
+      if (s.q_len(b) > INT32_MAX - cuda::kBlockQ || s.kv_len(b) > INT32_MAX - cuda::kBlockKv) {
+        return {detail::concat("sequence ", b, " is longer than 2^31 - 128 tokens")};
+      }
+    }
+    return {};
+  }
+
+  static Work plan_work(const AttentionShape& shape, const BlockMask& bm, const PlanOptions& options, int) {
+    auto d = std::make_shared<cuda::DevicePlan>();
+    cuda::check(cudaGetDevice(&d->device), "cudaGetDevice");
+    int sms = 0;
+    cuda::check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d->device), "cudaDeviceGetAttribute");
+    d->num_sms = sms;
+    d->layout = cuda::build_device_mask_layout(bm);
+    d->launch = cuda::plan_launch(shape, d->layout, options, d->num_sms);
+    d->row_offsets = cuda::upload(d->layout.row_offsets);
+    d->entries = cuda::upload(d->layout.entries);
+    d->tile_bits = cuda::upload(d->layout.tile_bits);
+    d->items = cuda::upload(d->launch.items);
+    d->part_out =
+        cuda::DeviceBuffer<float>(static_cast<std::size_t>(d->launch.workspace_out_elems(shape.heads, shape.dv)));
+    d->part_lse = cuda::DeviceBuffer<float>(static_cast<std::size_t>(d->launch.workspace_lse_elems(shape.heads)));
+    d->sequences = cuda::DeviceBuffer<cuda::detail::DeviceSequence>(static_cast<std::size_t>(shape.batch()));
+    d->sinks = cuda::DeviceBuffer<float>(static_cast<std::size_t>(shape.heads));
+    d->slopes = cuda::DeviceBuffer<float>(static_cast<std::size_t>(shape.heads));
+    cuda::check(cudaEventCreateWithFlags(&d->last_call, cudaEventDisableTiming), "cudaEventCreate");
+    return {std::move(d)};
+  }
+
+  template <class Backend, class T, class V, class Exec>
+  static void forward(const AttentionPlan<Backend>& plan, const detail::AttentionProblem<T>& problem, const V& variant,
+                      Exec& exec) {
+    if constexpr (!kStores<T>) {
+      detail::throw_invalid(
+          "attention_forward: backend Cuda computes on bf16 or fp16 storage (seqattn::bfloat16, "
+          "seqattn::float16); got fp32 inputs");
+    } else {
+      cudaStream_t stream = nullptr;
+      if constexpr (std::is_same_v<std::decay_t<Exec>, cuda::Stream>) stream = exec.stream;
+      run(plan, problem, cuda::detail::device_variant(variant, problem.dk), stream);
+      if constexpr (!std::is_same_v<std::decay_t<Exec>, cuda::Stream>) {
+        cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      }
+    }
+  }
+
+ private:
+  // Stream-ordered upload of a call's small host array into a plan buffer,
+  // skipped when the buffer already holds these bytes.
+  template <class E>
+  static void upload_if_changed(E* device, std::span<const E> host, std::vector<E>& held, cudaStream_t stream,
+                                const char* what) {
+    static_assert(std::is_trivially_copyable_v<E>);
+    if (held.size() == host.size() && std::memcmp(held.data(), host.data(), host.size_bytes()) == 0) return;
+    cuda::check(cudaMemcpyAsync(device, host.data(), host.size_bytes(), cudaMemcpyHostToDevice, stream), what);
+    held.assign(host.begin(), host.end());
+  }
+
+  template <class Backend, class T>
+  static void run(const AttentionPlan<Backend>& plan, const detail::AttentionProblem<T>& pr,
+                  const cuda::DeviceVariant& variant, cudaStream_t stream) {
+    cuda::DevicePlan& d = *plan.work().device;
+    const cuda::LaunchPlan& lp = d.launch;
+    int device = 0;
+    cuda::check(cudaGetDevice(&device), "cudaGetDevice");
+    detail::require(device == d.device, "attention_forward (Cuda): the plan was made on device ", d.device,
+                    " but device ", device, " is current");
+    cuda::detail::require_device_pointer(pr.q, "q", d.device);
+    cuda::detail::require_device_pointer(pr.k, "k", d.device);
+    cuda::detail::require_device_pointer(pr.v, "v", d.device);
+    cuda::detail::require_device_pointer(pr.out, "out", d.device);
+    cuda::detail::require_device_pointer(pr.lse, "lse", d.device);
+    cuda::detail::require_row_layout(pr.q_strides, pr.q, "q");
+    cuda::detail::require_row_layout(pr.k_strides, pr.k, "k");
+    cuda::detail::require_row_layout(pr.v_strides, pr.v, "v");
+    detail::require(
+        pr.out_strides.dim == 1 && pr.out_strides.token % 2 == 0 && pr.out_strides.head % 2 == 0 &&
+            reinterpret_cast<std::uintptr_t>(pr.out) % 4 == 0,
+        "attention_forward (Cuda): out must be contiguous in the head dim with even token and head strides, "
+        "got strides (token ",
+        pr.out_strides.token, ", head ", pr.out_strides.head, ", dim ", pr.out_strides.dim, ")");
+    const bool paged = pr.paging.page_size > 0;
+    if (paged) {
+      detail::require(pr.paging.k_page_stride % 8 == 0 && pr.paging.v_page_stride % 8 == 0,
+                      "attention_forward (Cuda, paged K/V): page strides must be multiples of 8 elements (16-byte "
+                      "rows), got k_pages ",
+                      pr.paging.k_page_stride, " and v_pages ", pr.paging.v_page_stride);
+    }
+
+    using S = cuda::detail::DeviceStorage<T>;
+    cuda::detail::ForwardParams<S> p{};
+    p.q = reinterpret_cast<const S*>(pr.q);
+    p.k = reinterpret_cast<const S*>(pr.k);
+    p.v = reinterpret_cast<const S*>(pr.v);
+    p.out = reinterpret_cast<S*>(pr.out);
+    p.lse = pr.lse;
+    p.q_token_stride = pr.q_strides.token;
+    p.q_head_stride = pr.q_strides.head;
+    p.k_token_stride = pr.k_strides.token;
+    p.k_head_stride = pr.k_strides.head;
+    p.v_token_stride = pr.v_strides.token;
+    p.v_head_stride = pr.v_strides.head;
+    p.out_token_stride = pr.out_strides.token;
+    p.out_head_stride = pr.out_strides.head;
+    p.lse_token_stride = pr.lse_strides.token;
+    p.lse_head_stride = pr.lse_strides.head;
+    p.row_offsets = d.row_offsets.data();
+    p.entries = reinterpret_cast<const int2*>(d.entries.data());
+    p.tile_bits = reinterpret_cast<const unsigned long long*>(d.tile_bits.data());
+    p.items = reinterpret_cast<const int2*>(d.items.data());
+    p.heads = static_cast<int>(pr.heads);
+    p.group = static_cast<int>(pr.group);
+    p.heads_per_cta = static_cast<int>(lp.heads_per_cta);
+    p.queries_per_cta = static_cast<int>(lp.queries_per_cta);
+    p.mask_heads = static_cast<int>(d.layout.mask_heads);
+    p.dk = static_cast<int>(pr.dk);
+    p.dv = static_cast<int>(pr.dv);
+    p.kv_splits = static_cast<int>(lp.kv_splits);
+    if (variant.softcap > 0.0f) {
+      p.softcap_log2 = variant.softcap * cuda::detail::kLog2e;
+      p.softcap_inner = variant.scale / variant.softcap;
+    } else {
+      p.scale_log2 = variant.scale * cuda::detail::kLog2e;
+    }
+    p.part_out = d.part_out.data();
+    p.part_lse = d.part_lse.data();
+    p.q_tokens = lp.q_tokens;
+
+    // Paged K/V: the pages each sequence reads, gathered from the (host,
+    // already validated) block table into one list.
+    std::vector<std::int32_t> pages;
+    std::vector<cuda::detail::DeviceSequence> seqs(pr.sequences.size());
+    for (std::size_t b = 0; b < seqs.size(); ++b) {
+      const detail::SequenceGeometry& g = pr.sequences[b];
+      seqs[b] = {g.q_base,
+                 g.k_base,
+                 g.v_base,
+                 g.out_base,
+                 g.lse_base,
+                 static_cast<int>(g.q_len),
+                 static_cast<int>(g.kv_len),
+                 d.layout.row_base[b],
+                 lp.q_token_base[b],
+                 static_cast<long long>(pages.size())};
+      if (paged) {
+        const index_t n = (g.kv_len + pr.paging.page_size - 1) / pr.paging.page_size;
+        for (index_t i = 0; i < n; ++i) pages.push_back(g.pages[i * pr.paging.table_stride]);
+      }
+    }
+    std::lock_guard lock(d.call_mutex);
+    cuda::check(cudaStreamWaitEvent(stream, d.last_call, 0), "cudaStreamWaitEvent");
+    upload_if_changed(d.sequences.data(), std::span<const cuda::detail::DeviceSequence>(seqs), d.sequences_held, stream,
+                      "cudaMemcpyAsync(sequences)");
+    if (!variant.sinks.empty()) {
+      upload_if_changed(d.sinks.data(), variant.sinks, d.sinks_held, stream, "cudaMemcpyAsync(sinks)");
+      p.sinks = d.sinks.data();
+    }
+    if (!variant.slopes.empty()) {
+      upload_if_changed(d.slopes.data(), variant.slopes, d.slopes_held, stream, "cudaMemcpyAsync(ALiBi slopes)");
+      p.alibi_slopes = d.slopes.data();
+    }
+    if (paged) {
+      if (d.pages.size() < pages.size()) {  // grows once to the largest cache seen; steady state allocates nothing
+        cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        d.pages = cuda::DeviceBuffer<std::int32_t>(pages.size());
+        d.pages_held.clear();
+      }
+      upload_if_changed(d.pages.data(), std::span<const std::int32_t>(pages), d.pages_held, stream,
+                        "cudaMemcpyAsync(page list)");
+      p.pages = d.pages.data();
+      p.page_size = static_cast<int>(pr.paging.page_size);
+      p.k_page_stride = pr.paging.k_page_stride;
+      p.v_page_stride = pr.paging.v_page_stride;
+    }
+    p.sequences = d.sequences.data();
+    if (!lp.items.empty()) {
+      switch (lp.head_dim) {
+        case 64:
+          cuda::detail::launch_forward<S, 64>(p, lp, stream);
+          break;
+        case 128:
+          cuda::detail::launch_forward<S, 128>(p, lp, stream);
+          break;
+        default:
+          cuda::detail::launch_forward<S, 256>(p, lp, stream);
+          break;
+      }
+    }
+    cuda::check(cudaEventRecord(d.last_call, stream), "cudaEventRecord");
+  }
+};
+
+}  // namespace seqattn::backends

@@ -1,0 +1,847 @@
+// The Cuda backend's forward kernel: FlashAttention-2 style tiled online
+// softmax on tensor cores (mma.sync m16n8k16, bf16 or fp16 in, fp32
+// accumulate), driven by the plan's device BlockMask.
+//
+// Tile shape: 128 score rows x 64 keys per step. D <= 128: 4 warps of 32
+// rows (two m16 slices per warp share each K/V fragment); D = 256: 8 warps of
+// 16 rows.
+// Register budget per thread (D = padded head dim): output D/2 floats and
+// scores 32 floats per slice, fragments ~12 registers: about 230 registers at
+// D = 128 (one CTA of 4 warps needs 30K of the SM's 64K registers: two CTAs
+// per SM), 255 at D = 256 (one CTA of 8 warps).
+// Shared memory: Q 128 x D, K and V 64 x D each, double-buffered for D <= 128
+// (96 KiB at D = 128), single-buffered at D = 256 (128 KiB). Rows are 16-byte
+// chunks XOR-swizzled by row so ldmatrix reads are bank-conflict free.
+// Memory traffic: Q once per CTA, K and V once per (CTA, non-empty tile);
+// empty tiles are never listed, full tiles skip all mask work, partial tiles
+// read one 64-bit word of deduplicated tile bits per row.
+// Defaults measured on an NVIDIA H100 80GB HBM3 (sm_90).
+//
+// The kernel is a sequence of named steps: load_tile (cp.async, zero-filled
+// past the ends), warp_scores (S = Q K^T), score_and_mask (variant + mask),
+// online_softmax (running max and sum, rescale of the output), warp_accumulate
+// (O += P V with P kept in registers), and the epilogue (normalize, sinks,
+// LSE, or a partial result for the split merge).
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <type_traits>
+
+#include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/float16.hpp"
+
+namespace seqattn::cuda::detail {
+
+inline constexpr int kRows = 128;  // score rows per CTA (kBlockQ)
+inline constexpr int kKeys = 64;   // keys per step (kBlockKv)
+inline constexpr int kMergeThreads = 256;
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// One sequence of the call: element offsets of token 0 in each tensor, the
+// lengths, the mask row of (head 0, q-block 0) and the compact token index
+// (split workspace row) of query 0.
+struct DeviceSequence {
+  long long q_base, k_base, v_base, out_base, lse_base;
+  int q_len, kv_len;
+  long long mask_row;
+  long long q_token;
+  long long page_list;  // paged K/V: this sequence's first entry in ForwardParams::pages
+};
+
+template <class T>
+struct ForwardParams {
+  const T* q;
+  const T* k;
+  const T* v;
+  T* out;
+  float* lse;  // null: not requested
+  long long q_token_stride, q_head_stride, k_token_stride, k_head_stride, v_token_stride, v_head_stride;
+  long long out_token_stride, out_head_stride, lse_token_stride, lse_head_stride;
+  const DeviceSequence* sequences;
+  const int* row_offsets;
+  const int2* entries;  // (kv_block, tile); tile -1 = full
+  const unsigned long long* tile_bits;
+  const int2* items;  // (sequence, first query)
+  int heads, group, heads_per_cta, queries_per_cta, mask_heads, dk, dv, kv_splits;
+  // Score variant: logit = softcap(scale * q.k) - alibi, kept in log2 units.
+  float scale_log2;           // scale * log2(e) (no softcap)
+  float softcap_inner;        // scale / cap (softcap on)
+  float softcap_log2;         // cap * log2(e); 0 = no softcap
+  const float* alibi_slopes;  // per query head, null = none
+  const float* sinks;         // per query head, null = none
+  // Split workspace (kv_splits > 1): [split][token][head][dv] and [split][token][head].
+  float* part_out;
+  float* part_lse;
+  long long q_tokens;  // compact query tokens of the call (workspace rows per split)
+  // Paged K/V (null pages: contiguous): key j of a sequence is slot
+  // j % page_size of page pages[page_list + j / page_size].
+  const int* pages;
+  int page_size;
+  long long k_page_stride, v_page_stride;
+};
+
+// ---- Storage type -> tensor-core type.
+template <class T>
+struct MmaType;
+template <>
+struct MmaType<bfloat16> {
+  using type = __nv_bfloat16;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void store2(bfloat16* p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  }
+};
+template <>
+struct MmaType<float16> {
+  using type = __half;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ void store2(float16* p, float a, float b) {
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  }
+};
+
+// ---- PTX wrappers.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte asynchronous copy; src_bytes 0 writes zeros (rows past an end).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans_at(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Element offset of (row, col) in a [rows][D] shared tile whose 16-byte
+// chunks are XOR-swizzled by the row (D >= 64: at least 8 chunks per row).
+template <int D>
+__device__ __forceinline__ int swizzle(int row, int col) {
+  return row * D + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
+}
+// The same layout seen by ldmatrix: the physical chunk of logical chunk c in
+// row r is c ^ (r & 7), so for a thread whose row is fixed mod 8 the byte
+// address of chunk 2j + h is (row base + 16 * (h ^ (r & 7))) ^ (32 j) when
+// the row base is aligned to the row size. The kernels precompute the part
+// in parentheses per thread; each ldmatrix then costs one XOR with a
+// constant instead of re-deriving the swizzle.
+template <int D>
+__device__ __forceinline__ uint32_t frag_offset(int row, int half) {
+  return static_cast<uint32_t>(row * D * 2 + 16 * ((half ^ row) & 7));
+}
+
+// D <= 128: 4 warps of 32 rows (two m16 slices share every K and V fragment
+// read from shared memory, halving that traffic per MMA, FA2's layout), Q
+// re-read from shared memory each step. D = 256: 8 warps of 16 rows, as the
+// output alone takes 128 registers per thread.
+template <int D>
+struct KernelConfig {
+  static constexpr int kSlices = D <= 128 ? 2 : 1;  // m16 slices per warp
+  static constexpr int kWarps = kRows / (16 * kSlices);
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kStages = D <= 128 ? 2 : 1;
+  static constexpr int kSmemElems = kRows * D + 2 * kStages * kKeys * D;
+  static constexpr int kSmemBytes = kSmemElems * 2;
+};
+
+// Which query and head a score row of this CTA is, and whether it exists.
+struct RowId {
+  int q;
+  int head;
+  bool valid;
+};
+template <class T>
+__device__ __forceinline__ RowId row_id(const ForwardParams<T>& p, int row, int q_begin, int q_len, int head_group) {
+  const int q = q_begin + row / p.heads_per_cta;
+  const int head = head_group * p.heads_per_cta + row % p.heads_per_cta;
+  return {q, head, q < q_len && q < q_begin + p.queries_per_cta};
+}
+
+// load_tile: `rows` rows of D elements into swizzled shared memory with
+// cp.async; `src(row)` gives a row's global address (null: zero row) and
+// columns at or past `cols` are zero.
+// load_kv_tile: kKeys rows of K or V (keys key0 + row of one kv head) into
+// a swizzled stage with kThreads threads. Each thread keeps one 16-byte
+// column chunk, so its shared address and global pointer advance by a fixed
+// step per pass: no swizzle or address math per copy. Rows past kv_len and
+// chunks past `cols` are zero-filled.
+template <int D, int kThreads, class T>
+__device__ __forceinline__ void load_kv_tile(T* stage, const T* row0_ptr, long long token_stride, int key0, int kv_len,
+                                             int cols, const T* any_valid, const int* pages, int page_size,
+                                             long long page_stride) {
+  constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;
+  static_assert(kRowsPerPass % 8 == 0 && kKeys % kRowsPerPass == 0, "the swizzle repeats every 8 rows");
+  const int chunk = threadIdx.x % kChunks, row = threadIdx.x / kChunks;
+  T* dst = stage + swizzle<D>(row, chunk * 8);
+  const bool col_ok = chunk * 8 < cols;
+  if (pages == nullptr) {
+    const T* src = row0_ptr + (key0 + row) * token_stride + chunk * 8;
+#pragma unroll
+    for (int pass = 0; pass < kKeys / kRowsPerPass; ++pass) {
+      const bool ok = col_ok && key0 + row + pass * kRowsPerPass < kv_len;
+      cp_async_16(dst + pass * kRowsPerPass * D, ok ? src + pass * kRowsPerPass * token_stride : any_valid,
+                  ok ? 16 : 0);
+    }
+  } else {
+    // One table lookup per row: a tile touches one or a few pages.
+#pragma unroll
+    for (int pass = 0; pass < kKeys / kRowsPerPass; ++pass) {
+      const int key = key0 + row + pass * kRowsPerPass;
+      const bool ok = col_ok && key < kv_len;
+      const T* src = any_valid;
+      if (ok) src = row0_ptr + pages[key / page_size] * page_stride + (key % page_size) * token_stride + chunk * 8;
+      cp_async_16(dst + pass * kRowsPerPass * D, src, ok ? 16 : 0);
+    }
+  }
+}
+
+template <int D, class T, class RowSrc>
+__device__ __forceinline__ void load_tile(T* smem, int rows, int cols, const T* any_valid, RowSrc src) {
+  constexpr int kChunksPerRow = D / 8;
+  for (int c = threadIdx.x; c < rows * kChunksPerRow; c += KernelConfig<D>::kThreads) {
+    const int row = c / kChunksPerRow, chunk = c % kChunksPerRow;
+    const T* row_ptr = src(row);
+    const bool ok = row_ptr != nullptr && chunk * 8 < cols;
+    cp_async_16(smem + swizzle<D>(row, chunk * 8), ok ? row_ptr + chunk * 8 : any_valid, ok ? 16 : 0);
+  }
+}
+
+// score_mod_slice: one m16 x 64 slice of scores (C fragments, rows
+// row0 + lane/4 and + 8) to log2-unit logits: softcap(scale * s) - ALiBi.
+template <class T, int N>
+__device__ __forceinline__ void score_mod_slice(const ForwardParams<T>& p, float (&s)[N][4], int row0, int q_begin,
+                                                int q_len, int kv_len, int head_group, int key0, int lane,
+                                                int col0 = 0) {
+  float alibi[2] = {0.0f, 0.0f};
+  int row_q[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const RowId r = row_id(p, row0 + lane / 4 + 8 * i, q_begin, q_len, head_group);
+    row_q[i] = r.q;
+    if (p.alibi_slopes && r.valid) alibi[i] = p.alibi_slopes[r.head] * kLog2e;
+  }
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int i = c / 2, key = key0 + col0 + nt * 8 + (lane % 4) * 2 + (c % 2);
+      float x = s[nt][c];
+      x = p.softcap_log2 != 0.0f ? p.softcap_log2 * tanhf(x * p.softcap_inner) : x * p.scale_log2;
+      if (p.alibi_slopes) x -= alibi[i] * fabsf(static_cast<float>(row_q[i] + kv_len - q_len - key));
+      s[nt][c] = x;
+    }
+  }
+}
+
+// mask_slice: -inf where the tile's bits (tile >= 0) or the end of the keys
+// exclude a score. Columns col0 + [0, 8N) of the 64-key tile.
+template <class T, int N>
+__device__ __forceinline__ void mask_slice(const ForwardParams<T>& p, float (&s)[N][4], int row0, int q_begin,
+                                           int q_len, int kv_len, int head_group, int key0, int tile, int q_block,
+                                           int lane, int col0 = 0) {
+  // The thread's columns are col0 + nt * 8 + 2 (lane % 4) + {0, 1}: shift
+  // each row's word once, then every test is a constant bit of it.
+  uint32_t lo[2], hi[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const RowId r = row_id(p, row0 + lane / 4 + 8 * i, q_begin, q_len, head_group);
+    unsigned long long bits = ~0ull;
+    if (tile >= 0) bits = r.valid ? p.tile_bits[static_cast<long long>(tile) * kRows + (r.q - q_block * kRows)] : 0ull;
+    if (key0 + kKeys > kv_len) bits &= (1ull << (kv_len - key0)) - 1;  // 1 .. 63 keys of this tile exist
+    bits >>= col0 + (lane % 4) * 2;
+    lo[i] = static_cast<uint32_t>(bits);
+    hi[i] = static_cast<uint32_t>(bits >> 32);
+  }
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int bit = nt * 8 + (c % 2);
+      const uint32_t word = bit < 32 ? lo[c / 2] : hi[c / 2];
+      if (!((word >> (bit % 32)) & 1u)) s[nt][c] = -INFINITY;
+    }
+  }
+}
+
+// kScoreMod: the variant changes scores beyond the scale (softcap or ALiBi).
+// A separate instantiation keeps the plain kernel's registers for the tiles.
+template <class T, int D, bool kScoreMod>
+__global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(const ForwardParams<T> p) {
+  using Cfg = KernelConfig<D>;
+  using Mma = MmaType<T>;
+  constexpr int kS = Cfg::kSlices;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* q_smem = reinterpret_cast<T*>(smem_raw);
+  T* k_smem = q_smem + kRows * D;
+  T* v_smem = k_smem + Cfg::kStages * kKeys * D;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int2 item = p.items[blockIdx.x];
+  const int head_group = blockIdx.y, split = blockIdx.z;
+  // Per-thread ldmatrix addresses (see frag_offset): Q rows of each slice,
+  // K rows of 16-key group 0, V rows of 16-key group 0.
+  uint32_t q_frag[kS];
+#pragma unroll
+  for (int t = 0; t < kS; ++t)
+    q_frag[t] = smem_addr(q_smem) + frag_offset<D>(warp * 16 * kS + t * 16 + lane % 16, lane / 16);
+  const uint32_t k_frag = frag_offset<D>((lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+  const uint32_t v_frag = frag_offset<D>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
+  // Read in place (not copied to registers): most fields serve only the
+  // loads or the epilogue, and registers are the scarce resource here.
+  const DeviceSequence& seq = p.sequences[item.x];
+  const int q_begin = item.y, q_len = seq.q_len, kv_len = seq.kv_len;
+  const int q_block = q_begin / kRows;
+  const int kv_head = head_group * p.heads_per_cta / p.group;
+
+  // The mask row of this CTA and this split's slice of its entries.
+  const long long mask_row = seq.mask_row +
+                             static_cast<long long>(p.mask_heads > 1 ? head_group : 0) * ((q_len + kRows - 1) / kRows) +
+                             q_block;
+  const int row_begin = p.row_offsets[mask_row], row_end = p.row_offsets[mask_row + 1];
+  const int n_row = row_end - row_begin;
+  const int e_begin = row_begin + static_cast<int>(static_cast<long long>(n_row) * split / p.kv_splits);
+  const int e_end = row_begin + static_cast<int>(static_cast<long long>(n_row) * (split + 1) / p.kv_splits);
+
+  // Score rows of this thread: slice t, half i is row warp*16*kS + t*16 + lane/4 + 8*i.
+  const int warp_row0 = warp * 16 * kS;
+  auto row_of = [&](int t, int i) { return warp_row0 + t * 16 + lane / 4 + 8 * i; };
+  const int valid_rows = min(kRows, (q_len - q_begin) * p.heads_per_cta);
+  const bool warp_active = warp_row0 < valid_rows;
+
+  // ---- load Q and the first K/V tile.
+  load_tile<D>(q_smem, kRows, p.dk, p.q, [&](int row) -> const T* {
+    const RowId r = row_id(p, row, q_begin, q_len, head_group);
+    return r.valid ? p.q + seq.q_base + r.q * p.q_token_stride + r.head * p.q_head_stride : nullptr;
+  });
+  auto load_kv = [&](int entry, int stage) {
+    const int key0 = p.entries[entry].x * kKeys;
+    const int* pages = p.pages ? p.pages + seq.page_list : nullptr;
+    load_kv_tile<D, Cfg::kThreads>(k_smem + stage * kKeys * D, p.k + seq.k_base + kv_head * p.k_head_stride,
+                                   p.k_token_stride, key0, kv_len, p.dk, p.k, pages, p.page_size, p.k_page_stride);
+    load_kv_tile<D, Cfg::kThreads>(v_smem + stage * kKeys * D, p.v + seq.v_base + kv_head * p.v_head_stride,
+                                   p.v_token_stride, key0, kv_len, p.dv, p.v, pages, p.page_size, p.v_page_stride);
+  };
+  if (e_begin < e_end) load_kv(e_begin, 0);
+  cp_async_commit();
+
+  float o[kS][D / 8][4] = {};
+  float m[kS][2], l[kS][2];
+#pragma unroll
+  for (int t = 0; t < kS; ++t)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m[t][i] = -INFINITY;
+      l[t][i] = 0.0f;
+    }
+  // Scores enter the exponent as s * unit: the log2-unit scale for plain
+  // scores (m is then kept in raw units too), 1 after a score modification.
+  const float unit = kScoreMod ? 1.0f : p.scale_log2;
+  float corr[kS][2];
+
+  for (int e = e_begin; e < e_end; ++e) {
+    const int stage = Cfg::kStages == 2 ? (e - e_begin) & 1 : 0;
+    if constexpr (Cfg::kStages == 2) {
+      if (e + 1 < e_end) load_kv(e + 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int2 entry = p.entries[e];
+    const uint32_t ks = smem_addr(k_smem + stage * kKeys * D) + k_frag;
+    const uint32_t vs = smem_addr(v_smem + stage * kKeys * D) + v_frag;
+
+    if (warp_active) {
+      // ---- warp_scores: S (16 kS x 64) = Q_warp K^T; each K fragment feeds kS slices.
+      float s[kS][kKeys / 8][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[kS][4];
+#pragma unroll
+        for (int t = 0; t < kS; ++t) ldmatrix_x4_at(a[t], q_frag[t] ^ (32u * kk));
+#pragma unroll
+        for (int np = 0; np < kKeys / 16; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4_at(b, (ks + np * 16 * D * 2) ^ (32u * kk));
+#pragma unroll
+          for (int t = 0; t < kS; ++t) {
+            mma_16816<T>(s[t][2 * np], a[t], b[0], b[1]);
+            mma_16816<T>(s[t][2 * np + 1], a[t], b[2], b[3]);
+          }
+        }
+      }
+
+      // ---- score_and_mask: with a score modification the scores become
+      // log2-unit logits here; plain scores stay raw and are scaled inside
+      // the exponent below (one FFMA per element).
+      const int key0 = entry.x * kKeys;
+      if constexpr (kScoreMod) {
+#pragma unroll
+        for (int t = 0; t < kS; ++t) {
+          score_mod_slice(p, s[t], warp_row0 + t * 16, q_begin, q_len, kv_len, head_group, key0, lane);
+        }
+      }
+      if (entry.y >= 0 || key0 + kKeys > kv_len) {
+#pragma unroll
+        for (int t = 0; t < kS; ++t)
+          mask_slice(p, s[t], warp_row0 + t * 16, q_begin, q_len, kv_len, head_group, key0, entry.y, q_block, lane);
+      }
+
+      // ---- online_softmax: running max and sum per row; rescale the output
+      // only when some row's max moved (late tiles of long rows rarely do).
+      bool moved = false;
+#pragma unroll
+      for (int t = 0; t < kS; ++t) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < kKeys / 8; ++nt) mx = fmaxf(mx, fmaxf(s[t][nt][2 * i], s[t][nt][2 * i + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m[t][i], mx);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new * unit;  // a row with nothing allowed yet: 0
+          const float correction = fast_exp2(m[t][i] * unit - m_use);
+          moved |= correction != 1.0f;
+          corr[t][i] = correction;
+          m[t][i] = m_new;
+          l[t][i] *= correction;
+#pragma unroll
+          for (int nt = 0; nt < kKeys / 8; ++nt) {
+            s[t][nt][2 * i] = fast_exp2(fmaf(s[t][nt][2 * i], unit, -m_use));
+            s[t][nt][2 * i + 1] = fast_exp2(fmaf(s[t][nt][2 * i + 1], unit, -m_use));
+            l[t][i] += s[t][nt][2 * i] + s[t][nt][2 * i + 1];
+          }
+        }
+      }
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int t = 0; t < kS; ++t)
+#pragma unroll
+          for (int nd = 0; nd < D / 8; ++nd) {
+            o[t][nd][0] *= corr[t][0];
+            o[t][nd][1] *= corr[t][0];
+            o[t][nd][2] *= corr[t][1];
+            o[t][nd][3] *= corr[t][1];
+          }
+      }
+
+      // ---- warp_accumulate: O += P V, P reused from the score registers; each
+      // V fragment feeds kS slices.
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        uint32_t a[kS][4];
+#pragma unroll
+        for (int t = 0; t < kS; ++t) {
+          a[t][0] = Mma::pack(s[t][2 * kk][0], s[t][2 * kk][1]);
+          a[t][1] = Mma::pack(s[t][2 * kk][2], s[t][2 * kk][3]);
+          a[t][2] = Mma::pack(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
+          a[t][3] = Mma::pack(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4_trans_at(b, (vs + kk * 16 * D * 2) ^ (32u * np));
+#pragma unroll
+          for (int t = 0; t < kS; ++t) {
+            mma_16816<T>(o[t][2 * np], a[t], b[0], b[1]);
+            mma_16816<T>(o[t][2 * np + 1], a[t], b[2], b[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the stage is overwritten next
+    if constexpr (Cfg::kStages == 1) {
+      if (e + 1 < e_end) load_kv(e + 1, 0);
+      cp_async_commit();
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: row sums across the quad, sinks, normalize, write.
+  const bool split_mode = p.kv_splits > 1;
+  const int lane_col = (lane % 4) * 2;
+#pragma unroll
+  for (int t = 0; t < kS; ++t) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float l_fin = l[t][i];
+      l_fin += __shfl_xor_sync(0xffffffffu, l_fin, 1);
+      l_fin += __shfl_xor_sync(0xffffffffu, l_fin, 2);
+      const RowId r = row_id(p, row_of(t, i), q_begin, q_len, head_group);
+      if (!r.valid) continue;
+      float scale_o = 1.0f, lse = -INFINITY, m_fin = m[t][i] * unit;
+      if (p.sinks && !split_mode) {
+        const float sink = p.sinks[r.head] * kLog2e;
+        const float m_new = fmaxf(m_fin, sink);
+        l_fin = l_fin * fast_exp2(m_fin - m_new) + fast_exp2(sink - m_new);
+        scale_o = fast_exp2(m_fin - m_new);  // 0 when no key was allowed
+        m_fin = m_new;
+      }
+      if (l_fin > 0.0f) {
+        scale_o /= l_fin;
+        lse = (m_fin + __log2f(l_fin)) * kLn2;
+      } else {
+        scale_o = 0.0f;
+      }
+      if (!split_mode) {
+        // Staged in the (now free) Q tile, stored below in 16-byte chunks.
+        const int row = row_of(t, i);
+#pragma unroll
+        for (int nd = 0; nd < D / 8; ++nd) {
+          Mma::store2(q_smem + swizzle<D>(row, nd * 8 + lane_col), o[t][nd][2 * i] * scale_o,
+                      o[t][nd][2 * i + 1] * scale_o);
+        }
+        if (p.lse && lane % 4 == 0) p.lse[seq.lse_base + r.q * p.lse_token_stride + r.head * p.lse_head_stride] = lse;
+      } else {
+        // A partial result for merge_splits_kernel: normalized by this split's
+        // own sum (no sink), with its LSE.
+        const long long at = (split * p.q_tokens + seq.q_token + r.q) * p.heads + r.head;
+        float* part_row = p.part_out + at * p.dv;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; ++nd) {
+          const int col = nd * 8 + lane_col;
+          if (col < p.dv) {
+            *reinterpret_cast<float2*>(part_row + col) =
+                make_float2(o[t][nd][2 * i] * scale_o, o[t][nd][2 * i + 1] * scale_o);
+          }
+        }
+        if (lane % 4 == 0) p.part_lse[at] = lse;
+      }
+    }
+  }
+  if (!split_mode) {
+    __syncthreads();
+    constexpr int kChunks = D / 8;
+    for (int c = threadIdx.x; c < kRows * kChunks; c += Cfg::kThreads) {
+      const int row = c / kChunks, chunk = c % kChunks;
+      const RowId r = row_id(p, row, q_begin, q_len, head_group);
+      if (!r.valid || chunk * 8 >= p.dv) continue;
+      T* dst = p.out + seq.out_base + r.q * p.out_token_stride + r.head * p.out_head_stride + chunk * 8;
+      const int4 v = *reinterpret_cast<const int4*>(q_smem + swizzle<D>(row, chunk * 8));
+      if ((reinterpret_cast<std::uintptr_t>(dst) & 15) == 0) {
+        *reinterpret_cast<int4*>(dst) = v;
+      } else {  // out rows need only 4-byte alignment
+        const int* w = reinterpret_cast<const int*>(&v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) reinterpret_cast<int*>(dst)[j] = w[j];
+      }
+    }
+  }
+}
+
+// The decode kernel: 16 score rows (one m16 slice: a few queries times the
+// packed GQA heads) against the CTA's kv tiles. Warp w takes keys
+// [16w, 16w + 16) of every 64-key tile with its own running max, sum and
+// output; the four states merge through shared memory at the end. Three
+// stages of K/V in flight keep HBM busy (D = 128: 100 KiB of shared memory,
+// two CTAs per SM). Register budget: output D/2 floats, Q fragments D/4.
+inline constexpr int kDecodeThreads = 128;
+template <int D>
+struct DecodeConfig {
+  static constexpr int kStages = 3;
+  static constexpr int kSmemBytes = (16 * D + 2 * kStages * kKeys * D) * 2;
+  static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= 2 * kStages * kKeys * D * 2, "merge buffer fits in K/V space");
+};
+
+template <class T, int D, bool kScoreMod>
+__global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const ForwardParams<T> p) {
+  static_assert(D <= 128, "the decode kernel keeps Q fragments in registers");
+  using Cfg = DecodeConfig<D>;
+  using Mma = MmaType<T>;
+  constexpr int kStages = Cfg::kStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* q_smem = reinterpret_cast<T*>(smem_raw);
+  T* k_smem = q_smem + 16 * D;
+  T* v_smem = k_smem + kStages * kKeys * D;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int2 item = p.items[blockIdx.x];
+  const int head_group = blockIdx.y, split = blockIdx.z;
+  const DeviceSequence& seq = p.sequences[item.x];
+  const int q_begin = item.y, q_len = seq.q_len, kv_len = seq.kv_len;
+  const int q_block = q_begin / kRows;
+  const int kv_head = head_group * p.heads_per_cta / p.group;
+  const long long mask_row = seq.mask_row +
+                             static_cast<long long>(p.mask_heads > 1 ? head_group : 0) * ((q_len + kRows - 1) / kRows) +
+                             q_block;
+  const int row_begin = p.row_offsets[mask_row], n_row = p.row_offsets[mask_row + 1] - row_begin;
+  const int e_begin = row_begin + static_cast<int>(static_cast<long long>(n_row) * split / p.kv_splits);
+  const int e_end = row_begin + static_cast<int>(static_cast<long long>(n_row) * (split + 1) / p.kv_splits);
+
+  auto load_tile_rows = [&](T* dst, int rows, int cols, const T* any, auto src) {
+    constexpr int kChunksPerRow = D / 8;
+    for (int c = threadIdx.x; c < rows * kChunksPerRow; c += kDecodeThreads) {
+      const int row = c / kChunksPerRow, chunk = c % kChunksPerRow;
+      const T* row_ptr = src(row);
+      const bool ok = row_ptr != nullptr && chunk * 8 < cols;
+      cp_async_16(dst + swizzle<D>(row, chunk * 8), ok ? row_ptr + chunk * 8 : any, ok ? 16 : 0);
+    }
+  };
+  load_tile_rows(q_smem, 16, p.dk, p.q, [&](int row) -> const T* {
+    const RowId r = row_id(p, row, q_begin, q_len, head_group);
+    return r.valid ? p.q + seq.q_base + r.q * p.q_token_stride + r.head * p.q_head_stride : nullptr;
+  });
+  const T* k_rows = p.k + seq.k_base + kv_head * p.k_head_stride;
+  const T* v_rows = p.v + seq.v_base + kv_head * p.v_head_stride;
+  const int* pages = p.pages ? p.pages + seq.page_list : nullptr;
+  auto load_kv = [&](int entry, int stage) {
+    const int key0 = p.entries[entry].x * kKeys;
+    load_kv_tile<D, kDecodeThreads>(k_smem + stage * kKeys * D, k_rows, p.k_token_stride, key0, kv_len, p.dk, p.k,
+                                    pages, p.page_size, p.k_page_stride);
+    load_kv_tile<D, kDecodeThreads>(v_smem + stage * kKeys * D, v_rows, p.v_token_stride, key0, kv_len, p.dv, p.v,
+                                    pages, p.page_size, p.v_page_stride);
+  };
+  // Prologue: kStages - 1 tiles in flight (Q rides with the first).
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (e_begin + j < e_end) load_kv(e_begin + j, j);
+    cp_async_commit();
+  }
+
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint32_t qa[D / 16][4];
+  const float unit = kScoreMod ? 1.0f : p.scale_log2;
+  const int col0 = warp * 16;  // this warp's keys within each tile
+
+  for (int e = e_begin; e < e_end; ++e) {
+    const int it = e - e_begin, stage = it % kStages;
+    if (e + kStages - 1 < e_end) load_kv(e + kStages - 1, (it + kStages - 1) % kStages);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    if (it == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qa[kk], q_smem + swizzle<D>(lane % 16, kk * 16 + (lane / 16) * 8));
+    }
+    const int2 entry = p.entries[e];
+    const T* ks = k_smem + stage * kKeys * D;
+    const T* vs = v_smem + stage * kKeys * D;
+
+    // ---- warp_scores: S (16 x 16) = Q K_w^T for this warp's quarter of the keys.
+    float sc[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t b[4];
+      ldmatrix_x4(b, ks + swizzle<D>(col0 + (lane / 16) * 8 + lane % 8, kk * 16 + ((lane / 8) % 2) * 8));
+      mma_16816<T>(sc[0], qa[kk], b[0], b[1]);
+      mma_16816<T>(sc[1], qa[kk], b[2], b[3]);
+    }
+    const int key0 = entry.x * kKeys;
+    if constexpr (kScoreMod) score_mod_slice(p, sc, 0, q_begin, q_len, kv_len, head_group, key0, lane, col0);
+    if (entry.y >= 0 || key0 + kKeys > kv_len) {
+      mask_slice(p, sc, 0, q_begin, q_len, kv_len, head_group, key0, entry.y, q_block, lane, col0);
+    }
+
+    // ---- online_softmax over this warp's keys.
+    float corr[2];
+    bool moved = false;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = fmaxf(fmaxf(sc[0][2 * i], sc[0][2 * i + 1]), fmaxf(sc[1][2 * i], sc[1][2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[i], mx);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new * unit;
+      corr[i] = fast_exp2(m[i] * unit - m_use);
+      moved |= corr[i] != 1.0f;
+      m[i] = m_new;
+      l[i] *= corr[i];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        sc[nt][2 * i] = fast_exp2(fmaf(sc[nt][2 * i], unit, -m_use));
+        sc[nt][2 * i + 1] = fast_exp2(fmaf(sc[nt][2 * i + 1], unit, -m_use));
+        l[i] += sc[nt][2 * i] + sc[nt][2 * i + 1];
+      }
+    }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        o[nd][0] *= corr[0];
+        o[nd][1] *= corr[0];
+        o[nd][2] *= corr[1];
+        o[nd][3] *= corr[1];
+      }
+    }
+
+    // ---- warp_accumulate: O += P V over the same 16 keys.
+    const uint32_t a[4] = {Mma::pack(sc[0][0], sc[0][1]), Mma::pack(sc[0][2], sc[0][3]), Mma::pack(sc[1][0], sc[1][1]),
+                           Mma::pack(sc[1][2], sc[1][3])};
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vs + swizzle<D>(col0 + lane % 8 + ((lane / 8) % 2) * 8, np * 16 + (lane / 16) * 8));
+      mma_16816<T>(o[2 * np], a, b[0], b[1]);
+      mma_16816<T>(o[2 * np + 1], a, b[2], b[3]);
+    }
+    __syncthreads();  // the stage is overwritten next
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ---- merge the four warps' states (log2 units) through shared memory.
+  float* o_red = reinterpret_cast<float*>(k_smem);  // [warp][row][D]
+  float* m_red = o_red + 4 * 16 * D;                // [warp][row]
+  float* l_red = m_red + 4 * 16;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = lane / 4 + 8 * i;
+    float lw = l[i];
+    lw += __shfl_xor_sync(0xffffffffu, lw, 1);
+    lw += __shfl_xor_sync(0xffffffffu, lw, 2);
+    if (lane % 4 == 0) {
+      m_red[warp * 16 + row] = m[i] * unit;
+      l_red[warp * 16 + row] = lw;
+    }
+#pragma unroll
+    for (int nd = 0; nd < D / 8; ++nd) {
+      const int col = nd * 8 + (lane % 4) * 2;
+      *reinterpret_cast<float2*>(o_red + (warp * 16 + row) * D + col) = make_float2(o[nd][2 * i], o[nd][2 * i + 1]);
+    }
+  }
+  __syncthreads();
+
+  // ---- epilogue: thread t finishes row t / 8, columns (t % 8) * 2 + 16 j.
+  const int row = threadIdx.x / 8, part = threadIdx.x % 8;
+  const RowId r = row_id(p, row, q_begin, q_len, head_group);
+  if (!r.valid) return;
+  const bool split_mode = p.kv_splits > 1;
+  float m_all = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) m_all = fmaxf(m_all, m_red[w * 16 + row]);
+  float sink = -INFINITY;
+  if (p.sinks && !split_mode) {
+    sink = p.sinks[r.head] * kLog2e;
+    m_all = fmaxf(m_all, sink);
+  }
+  const float shift = m_all == -INFINITY ? 0.0f : m_all;
+  float weight[4], l_all = p.sinks && !split_mode ? fast_exp2(sink - shift) : 0.0f;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    weight[w] = fast_exp2(m_red[w * 16 + row] - shift);
+    l_all += l_red[w * 16 + row] * weight[w];
+  }
+  const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+  const float lse = l_all > 0.0f ? (shift + __log2f(l_all)) * kLn2 : -INFINITY;
+  T* out_row = p.out + seq.out_base + r.q * p.out_token_stride + r.head * p.out_head_stride;
+  const long long at = (split * p.q_tokens + seq.q_token + r.q) * p.heads + r.head;
+  for (int col = part * 2; col < p.dv; col += 16) {
+    float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 x = *reinterpret_cast<const float2*>(o_red + (w * 16 + row) * D + col);
+      v0 += x.x * weight[w];
+      v1 += x.y * weight[w];
+    }
+    if (!split_mode) {
+      Mma::store2(out_row + col, v0 * inv, v1 * inv);
+    } else {
+      *reinterpret_cast<float2*>(p.part_out + at * p.dv + col) = make_float2(v0 * inv, v1 * inv);
+    }
+  }
+  if (part == 0) {
+    if (!split_mode) {
+      if (p.lse) p.lse[seq.lse_base + r.q * p.lse_token_stride + r.head * p.lse_head_stride] = lse;
+    } else {
+      p.part_lse[at] = lse;
+    }
+  }
+}
+
+// Merges the kv splits of a row by LSE (flash-decoding), adding the sink to
+// the denominator: out = sum_s exp(lse_s - lse) out_s with
+// lse = log(sum_s exp(lse_s) + exp(sink)). Same grid as the forward kernel;
+// one warp per score row, lanes across the head dim.
+template <class T>
+__global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const ForwardParams<T> p) {
+  using Mma = MmaType<T>;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int2 item = p.items[blockIdx.x];
+  const DeviceSequence seq = p.sequences[item.x];
+  for (int row = warp; row < kRows; row += kMergeThreads / 32) {
+    const RowId r = row_id(p, row, item.y, seq.q_len, blockIdx.y);
+    if (!r.valid) continue;
+    const long long at0 = (seq.q_token + r.q) * p.heads + r.head;
+    const long long split_stride = p.q_tokens * p.heads;
+    float mx = p.sinks ? p.sinks[r.head] : -INFINITY;
+    for (int s = lane; s < p.kv_splits; s += 32) mx = fmaxf(mx, p.part_lse[s * split_stride + at0]);
+    for (int d = 16; d > 0; d /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    const float shift = mx == -INFINITY ? 0.0f : mx;
+    float sum = 0.0f;
+    for (int s = lane; s < p.kv_splits; s += 32) sum += __expf(p.part_lse[s * split_stride + at0] - shift);
+    for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    if (p.sinks) sum += __expf(p.sinks[r.head] - shift);
+    const float lse = sum > 0.0f ? shift + __logf(sum) : -INFINITY;
+    T* out_row = p.out + seq.out_base + r.q * p.out_token_stride + r.head * p.out_head_stride;
+    for (int col = 2 * lane; col < p.dv; col += 64) {
+      float a0 = 0.0f, a1 = 0.0f;
+      if (sum > 0.0f) {
+        for (int s = 0; s < p.kv_splits; ++s) {
+          const float w = __expf(p.part_lse[s * split_stride + at0] - lse);
+          const float2 v = *reinterpret_cast<const float2*>(p.part_out + (s * split_stride + at0) * p.dv + col);
+          a0 += w * v.x;
+          a1 += w * v.y;
+        }
+      }
+      Mma::store2(out_row + col, a0, a1);
+    }
+    if (p.lse && lane == 0) p.lse[seq.lse_base + r.q * p.lse_token_stride + r.head * p.lse_head_stride] = lse;
+  }
+}
+
+}  // namespace seqattn::cuda::detail

@@ -1,0 +1,137 @@
+// How the Cuda backend's forward kernel is launched for a shape and a mask:
+// host-only planning, tested without a GPU.
+//
+// One CTA computes kBlockQ = 128 score rows against the kv tiles of one
+// BlockMask row (a 128-query block). A row is a (query, head) pair:
+//   - prefill: the CTA takes 128 queries of one head (grid.y = heads);
+//   - packed GQA (decode and short queries): when the mask is the same for
+//     every head and max_q_len * group <= 128, the CTA takes 128 / group
+//     queries of all `group` heads that share one kv head, so each K/V tile
+//     is read once per kv head instead of once per query head (grid.y = kv
+//     heads). FlashInfer and FA2 decode pack GQA heads the same way.
+// Work items (grid.x) are (sequence, first query) pairs, longest row first so
+// the tail of the grid is short work.
+//
+// Decode kernel: when every CTA has at most 16 score rows (max_q_len *
+// heads_per_cta <= 16, head dim <= 128), a CTA takes 16 rows and its 4 warps
+// split each 64-key tile into four 16-key quarters, each warp keeping its own
+// softmax state, merged through shared memory at the end. The prefill
+// layout would leave one warp computing while three wait on it.
+//
+// KV splits (flash-decoding): when the grid would leave SMs idle, each row's
+// entries are cut into `kv_splits` contiguous slices run by separate CTAs
+// (grid.z); their partial outputs and LSEs go to an fp32 workspace and a
+// second kernel merges them by LSE (adding sinks there).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "seqattn/attention/inputs.hpp"
+#include "seqattn/attention/options.hpp"
+#include "seqattn/backends/cuda/device_mask.hpp"
+#include "seqattn/core/checked.hpp"
+#include "seqattn/core/error.hpp"
+
+namespace seqattn::cuda {
+
+inline constexpr index_t kBlockQ = 128;
+inline constexpr index_t kBlockKv = 64;
+inline constexpr index_t kMaxHeadDim = 256;
+inline constexpr index_t kMaxKvSplits = 128;
+inline constexpr index_t kDecodeRows = 16;
+
+struct WorkItem {
+  std::int32_t batch = 0;
+  std::int32_t q_begin = 0;  // first query of the CTA (sequence-local)
+  friend bool operator==(const WorkItem&, const WorkItem&) = default;
+};
+
+struct LaunchPlan {
+  index_t head_dim = 0;               // the kernel's padded head dim: 64, 128 or 256
+  index_t heads_per_cta = 1;          // 1, or the GQA group when packed
+  bool decode = false;                // the 16-row decode kernel
+  index_t rows_per_cta = kBlockQ;     // 128, or 16 for the decode kernel
+  index_t queries_per_cta = kBlockQ;  // rows_per_cta / heads_per_cta
+  index_t head_groups = 0;            // grid.y
+  index_t kv_splits = 1;              // grid.z
+  std::vector<WorkItem> items;        // grid.x
+  // Compact query-token index of each sequence's token 0 (the split workspace
+  // rows) and their total.
+  std::vector<std::int64_t> q_token_base;
+  index_t q_tokens = 0;
+
+  index_t ctas() const { return static_cast<index_t>(items.size()) * head_groups * kv_splits; }
+  // fp32 elements of the split workspace (partial outputs, partial LSEs).
+  index_t workspace_out_elems(index_t heads, index_t dv) const {
+    return kv_splits > 1 ? kv_splits * q_tokens * heads * dv : 0;
+  }
+  index_t workspace_lse_elems(index_t heads) const { return kv_splits > 1 ? kv_splits * q_tokens * heads : 0; }
+};
+
+// The head dim the kernel is instantiated for: the smallest of 64, 128 and
+// 256 that holds both dk and dv (inputs are zero-padded on the way into
+// shared memory).
+inline index_t padded_head_dim(index_t dk, index_t dv) {
+  const index_t d = std::max(dk, dv);
+  return d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
+
+inline LaunchPlan plan_launch(const AttentionShape& shape, const DeviceMaskLayout& mask, const PlanOptions& options,
+                              index_t num_sms) {
+  seqattn::detail::require(mask.block.q == kBlockQ && mask.block.kv == kBlockKv,
+                           "Cuda backend: the BlockMask has block shape (", mask.block.q, ", ", mask.block.kv,
+                           "), the kernels tile by (", kBlockQ, ", ", kBlockKv, ")");
+  seqattn::detail::require(mask.lengths.q == shape.lengths.q && mask.lengths.kv == shape.lengths.kv,
+                           "Cuda backend: the device mask was built for ", mask.lengths.batch(),
+                           " sequences of other lengths than the shape's (", shape, ")");
+  seqattn::detail::require(num_sms > 0, "Cuda backend: num_sms must be positive, got ", num_sms);
+  LaunchPlan plan;
+  plan.head_dim = padded_head_dim(shape.dk, shape.dv);
+  const index_t group = shape.group();
+  const bool packable =
+      mask.mask_heads == 1 && group > 1 && kBlockQ % group == 0 && shape.max_q_len() * group <= kBlockQ;
+  plan.heads_per_cta = packable ? group : 1;
+  plan.decode = plan.head_dim <= 128 && kDecodeRows % plan.heads_per_cta == 0 &&
+                shape.max_q_len() * plan.heads_per_cta <= kDecodeRows;
+  plan.rows_per_cta = plan.decode ? kDecodeRows : kBlockQ;
+  plan.queries_per_cta = plan.rows_per_cta / plan.heads_per_cta;
+  plan.head_groups = shape.heads / plan.heads_per_cta;
+
+  // Work items, with the number of kv tiles of their mask row (head 0) for
+  // ordering and for choosing the splits.
+  std::vector<std::pair<index_t, WorkItem>> weighted;
+  index_t max_tiles = 0;
+  for (index_t b = 0; b < shape.batch(); ++b) {
+    plan.q_token_base.push_back(plan.q_tokens);
+    plan.q_tokens = seqattn::detail::checked_add(plan.q_tokens, shape.q_len(b), "Cuda backend: total query tokens");
+    for (index_t q = 0; q < shape.q_len(b); q += plan.queries_per_cta) {
+      const index_t row = mask.row_base[static_cast<std::size_t>(b)] + q / kBlockQ;
+      const index_t tiles =
+          mask.row_offsets[static_cast<std::size_t>(row) + 1] - mask.row_offsets[static_cast<std::size_t>(row)];
+      max_tiles = std::max(max_tiles, tiles);
+      weighted.push_back({tiles, {static_cast<std::int32_t>(b), static_cast<std::int32_t>(q)}});
+    }
+  }
+  std::stable_sort(weighted.begin(), weighted.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& w : weighted) plan.items.push_back(w.second);
+  seqattn::detail::require(static_cast<index_t>(plan.items.size()) <= INT32_MAX && plan.head_groups <= 65535,
+                           "Cuda backend: the grid (", plan.items.size(), " work items x ", plan.head_groups,
+                           " head groups) exceeds CUDA's grid limits");
+
+  if (options.kv_splits > 0) {
+    plan.kv_splits = std::min<index_t>(options.kv_splits, kMaxKvSplits);
+  } else {
+    // Fill about two waves of CTAs, keeping at least 4 kv tiles per split.
+    const index_t ctas = static_cast<index_t>(plan.items.size()) * plan.head_groups;
+    if (ctas > 0 && ctas < num_sms) {
+      const index_t want = (2 * num_sms + ctas - 1) / ctas;
+      plan.kv_splits = std::clamp<index_t>(std::min(want, max_tiles / 4), 1, kMaxKvSplits);
+    }
+  }
+  return plan;
+}
+
+}  // namespace seqattn::cuda

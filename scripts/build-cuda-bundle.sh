@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Builds the CUDA backend's GPU programs with nvcc directly (no CMake), for
+# copying to a GPU machine that has neither Highway nor Catch2 libraries:
+#   build/cuda-bundle/seqattn_test_cuda_attention   tests/cuda/cuda_attention_test.cu
+#   build/cuda-bundle/seqattn_bench_cuda            bench/cuda/bench_cuda.cu
+#   build/cuda-bundle/seqattn_example_cuda_attention examples/cuda/cuda_attention.cu
+# (each when its source exists). The CUDA runtime, libstdc++ and libgcc are
+# linked statically; Highway is used header-only (its static target, no
+# libhwy.so); Catch2 v2 is header-only (v3: libCatch2.a, static). The
+# benchmark links cuBLAS dynamically (libcublas.so.13: no static cuBLAS ships
+# with the toolkit here, and it would be hundreds of MB), with an rpath to
+# /usr/local/cuda/lib64. The script fails if a binary needs libhwy or a shared
+# libcudart.
+#
+# Run on the GPU machine:
+#   build/cuda-bundle/seqattn_test_cuda_attention   (exit 77: no CUDA device)
+#   build/cuda-bundle/seqattn_bench_cuda
+#
+# Env:
+#   SEQATTN_CUDA_GENCODE  default "-gencode arch=compute_90,code=sm_90" (H100/H200 only)
+#   SEQATTN_SIMD_FLAGS    host SIMD flags, default as in CMake: -march=x86-64-v3 -DHWY_DISABLE_PCLMUL_AES
+#   SEQATTN_JOBS          programs compiled at once (default 2)
+#   NVCC                  default: nvcc on PATH, else /usr/local/cuda/bin/nvcc
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=build/cuda-bundle
+
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if [[ ! -x "$nvcc" ]]; then
+  echo "build-cuda-bundle: no nvcc (set NVCC, or put the CUDA toolkit's bin/ on PATH)" >&2
+  exit 1
+fi
+read -r -a gencode <<<"${SEQATTN_CUDA_GENCODE:-"-gencode arch=compute_90,code=sm_90"}"
+read -r -a simd <<<"${SEQATTN_SIMD_FLAGS:-"-march=x86-64-v3 -DHWY_DISABLE_PCLMUL_AES"}"
+max_jobs=${SEQATTN_JOBS:-2}
+cxx=${CXX:-g++}
+
+launcher=()
+if command -v ccache >/dev/null 2>&1; then
+  launcher=(ccache)
+  export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+fi
+
+# The flags of the CMake build (cmake/SeqattnCuda.cmake), less the warnings
+# as errors: this build ships binaries, the CMake build checks the code.
+flags=(-std=c++20 -O3 -DNDEBUG "${gencode[@]}" -ccbin "$cxx" --cudart=static
+  -Xcompiler=-Wall -Xcompiler=-Wextra --diag-suppress=1675 -I"$root/include")
+for f in "${simd[@]}"; do
+  if [[ $f == -D* || $f == -U* ]]; then flags+=("$f"); else flags+=("-Xcompiler=$f"); fi
+done
+link=(-Xcompiler=-static-libstdc++ -Xcompiler=-static-libgcc)
+
+# Catch2: v2 (Debian 12) is header-only and the test compiles its runner; v3
+# (Ubuntu 24.04) needs libCatch2.a and catch_session.hpp for the test's own main.
+catch=(-I"$root/tests") catch_libs=()
+if echo '#include <catch2/catch_session.hpp>' | "$cxx" -std=c++20 -x c++ -fsyntax-only - 2>/dev/null; then
+  catch+=(--pre-include catch2/catch_session.hpp)
+  catch_libs+=(-lCatch2)
+fi
+
+mkdir -p "$out"
+names=()
+build() { # name source [compile flags...] [-- libraries...]
+  local name=$1 src=$2
+  shift 2
+  local extra=() libs=()
+  while (($#)) && [[ $1 != -- ]]; do extra+=("$1") && shift; done
+  (($#)) && shift && libs=("$@")
+  if [[ ! -f "$src" ]]; then
+    echo "build-cuda-bundle: $src not there, $name skipped"
+    return 0
+  fi
+  local log="$out/$name.log"
+  echo "build-cuda-bundle: $name <- $src"
+  rm -f "$out/$name" "$log.rc"
+  (
+    rc=0
+    "${launcher[@]}" "$nvcc" "${flags[@]}" "${extra[@]}" "$src" -o "$out/$name" "${link[@]}" "${libs[@]}" \
+      >"$log" 2>&1 || rc=$?
+    echo "$rc" >"$log.rc"
+  ) &
+  names+=("$name")
+  while (($(jobs -rp | wc -l) >= max_jobs)); do wait -n || true; done
+}
+
+start=$SECONDS
+build seqattn_test_cuda_attention tests/cuda/cuda_attention_test.cu "${catch[@]}" -- "${catch_libs[@]}"
+build seqattn_bench_cuda bench/cuda/bench_cuda.cu -- -lcublas -Xlinker=-rpath=/usr/local/cuda/lib64
+build seqattn_example_cuda_attention examples/cuda/cuda_attention.cu
+wait
+
+status=0
+for name in "${names[@]}"; do
+  if [[ "$(cat "$out/$name.log.rc" 2>/dev/null)" != 0 ]]; then
+    echo "build-cuda-bundle: FAILED: $name (log: $out/$name.log)" >&2
+    cat "$out/$name.log" >&2
+    status=1
+  fi
+  rm -f "$out/$name.log.rc"
+done
+((status == 0)) || exit 1
+
+# Self-contained: the binaries themselves need no libhwy, no shared CUDA
+# runtime, libstdc++ or Catch2 (cuBLAS, for the benchmark, needs its own).
+for name in "${names[@]}"; do
+  needed=$(objdump -p "$out/$name" | awk '/NEEDED/ {printf "%s ", $2}')
+  if grep -qE 'libhwy|libcudart|libstdc\+\+|libCatch2' <<<"$needed"; then
+    echo "build-cuda-bundle: $name needs a library the GPU machine may lack: $needed" >&2
+    exit 1
+  fi
+done
+{
+  echo "seqattn CUDA bundle: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+  echo "built: $(date -u +%FT%TZ) by $("$nvcc" --version | tail -n 2 | head -n 1), host $("$cxx" --version | head -n 1)"
+  echo "gencode: ${gencode[*]}"
+  for name in "${names[@]}"; do
+    echo
+    echo "$name: $(stat -c %s "$out/$name") bytes; needs: $(objdump -p "$out/$name" | awk '/NEEDED/ {printf "%s ", $2}')"
+  done
+} >"$out/MANIFEST.txt"
+echo "build-cuda-bundle: ${names[*]} in $out/ ($((SECONDS - start)) s); see $out/MANIFEST.txt"

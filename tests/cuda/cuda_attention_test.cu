@@ -1,0 +1,417 @@
+// backends::Cuda against the reference backend, element by element: every
+// mask kind, BSHD and THD with empty segments, head dims 64/72/80/128/256,
+// GQA with and without packed heads, KV splits, every device variant, bf16
+// and fp16, fully masked rows, and the errors of bad calls.
+//
+// Needs a CUDA device: without one the binary prints why and exits with 77,
+// which CTest reports as skipped (SKIP_RETURN_CODE).
+#define CATCH_CONFIG_RUNNER
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+#include "seqattn/backends/cuda.cuh"
+#include "seqattn/masks.hpp"
+
+#include "attention/attention_test_support.hpp"
+
+namespace seqattn::testing {
+namespace {
+
+template <class T>
+struct DeviceTensor {
+  cuda::DeviceBuffer<T> buffer;
+  Extents shape;
+
+  explicit DeviceTensor(const Tensor<T>& host) : buffer(static_cast<std::size_t>(host.size())), shape(host.shape()) {
+    buffer.upload(std::span<const T>(host.data(), static_cast<std::size_t>(host.size())));
+  }
+  TensorView<T> view() const { return TensorView<T>(buffer.data(), shape); }
+  Tensor<T> download() const {
+    Tensor<T> host(shape);
+    cuda::check(cudaMemcpy(host.data(), buffer.data(), buffer.size() * sizeof(T), cudaMemcpyDeviceToHost),
+                "cudaMemcpy");
+    return host;
+  }
+};
+
+template <class T>
+Tensor<T> rounded_to(const Tensor<float>& x) {
+  Tensor<T> t(x.shape());
+  for (index_t i = 0; i < x.size(); ++i) t.data()[i] = from_float<T>(x.data()[i]);
+  return t;
+}
+template <class T>
+Tensor<float> widened(const Tensor<T>& x) {
+  Tensor<float> t(x.shape());
+  for (index_t i = 0; i < x.size(); ++i) t.data()[i] = to_float(x.data()[i]);
+  return t;
+}
+
+struct Problem {
+  Tensor<float> q, k, v;
+  const SegmentTable* segments = nullptr;
+};
+
+Problem random_bshd(std::mt19937& rng, index_t batch, index_t sq, index_t skv, index_t heads, index_t kv_heads,
+                    index_t dk, index_t dv) {
+  return {random_tensor<float>(detail::make_extents({batch, sq, heads, dk}), rng),
+          random_tensor<float>(detail::make_extents({batch, skv, kv_heads, dk}), rng),
+          random_tensor<float>(detail::make_extents({batch, skv, kv_heads, dv}), rng)};
+}
+
+struct Result {
+  Tensor<float> out, lse;
+  AttentionShape shape;
+};
+
+// Runs the Cuda backend on the inputs rounded to T and the reference backend
+// on the same rounded values in fp32; checks every output element and LSE.
+template <class T, class M, class V>
+Result check_cuda(const Problem& pr, const M& mask, const V& variant, PlanOptions options = {}) {
+  const Tensor<T> q = rounded_to<T>(pr.q), k = rounded_to<T>(pr.k), v = rounded_to<T>(pr.v);
+  const Tensor<float> qf = widened(q), kf = widened(k), vf = widened(v);
+  const AttentionInputs<float> ref_in{qf.view(), kf.view(), vf.view(), pr.segments};
+  const AttentionShape shape = shape_of(ref_in);
+  Extents out_shape = pr.q.shape();
+  out_shape[out_shape.rank() - 1] = shape.dv;
+  const Extents lse_shape = shape.layout == Layout::bshd
+                                ? detail::make_extents({shape.batch(), shape.heads, pr.q.extent(1)})
+                                : detail::make_extents({shape.heads, pr.q.extent(0)});
+  Tensor<float> want(out_shape, 7.0f), want_lse(lse_shape, 7.0f);
+  attention_forward(plan_attention<backends::Reference>(shape, mask), ref_in, want.view(), want_lse.view(), variant);
+
+  const DeviceTensor<T> dq(q), dk(k), dv(v);
+  DeviceTensor<T> dout(Tensor<T>(out_shape, from_float<T>(7.0f)));
+  DeviceTensor<float> dlse(Tensor<float>(lse_shape, 7.0f));
+  const AttentionInputs<T> in{dq.view(), dk.view(), dv.view(), pr.segments};
+  const auto plan = plan_attention<backends::Cuda>(shape, mask, options);
+  attention_forward(plan, in, dout.view(), dlse.view(), variant, cuda::Stream{});
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const Tensor<float> got = widened(dout.download());
+  const Tensor<float> got_lse = dlse.download();
+
+  const double tol = std::is_same_v<T, bfloat16> ? 2e-2 : 4e-3;
+  index_t bad = 0, first_bad = -1;
+  for (index_t i = 0; i < got.size(); ++i) {
+    const double g = got.data()[i], w = want.data()[i];
+    if (!(std::abs(g - w) <= tol * (1.0 + std::abs(w))) && bad++ == 0) first_bad = i;
+  }
+  INFO(shape << "; first mismatching output element " << first_bad << " of " << got.size());
+  CHECK(bad == 0);
+  CHECK(compare(got, want).nmse() <= (std::is_same_v<T, bfloat16> ? 2e-4 : 1e-5));
+  check_lse(got_lse, want_lse, 1e-3);
+  // Rows no key may attend to: exactly zero.
+  index_t nonzero = 0;
+  if (shape.layout == Layout::bshd) {
+    for (index_t b = 0; b < shape.batch(); ++b)
+      for (index_t h = 0; h < shape.heads; ++h)
+        for (index_t i = 0; i < pr.q.extent(1); ++i)
+          if (want_lse(b, h, i) == -INFINITY)
+            for (index_t d = 0; d < shape.dv; ++d) nonzero += got(b, i, h, d) != 0.0f;
+  }
+  CHECK(nonzero == 0);
+  return {got, got_lse, shape};
+}
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+TEST_CASE("cuda: every mask kind, BSHD, head dims 64 to 256", "[cuda][gpu]") {
+  std::mt19937 rng(11);
+  each_mask_kind([&](const auto& mask) {
+    for (const auto& [dk, dv] : {std::pair<index_t, index_t>{64, 64}, {72, 72}, {80, 48}, {128, 128}, {256, 256}}) {
+      INFO("dk " << dk << ", dv " << dv);
+      const Problem pr = random_bshd(rng, 2, 150, 203, 6, 2, dk, dv);
+      check_cuda<bfloat16>(pr, mask, variants::Default{});
+    }
+  });
+}
+
+TEST_CASE("cuda: long rows, several q-blocks and kv splits", "[cuda][gpu]") {
+  std::mt19937 rng(12);
+  const Problem pr = random_bshd(rng, 1, 700, 1100, 4, 4, 128, 128);
+  SECTION("causal, bottom-right") {
+    check_cuda<bfloat16>(pr, CausalMask{Alignment::bottom_right}, variants::Default{});
+  }
+  SECTION("window, forced splits") {
+    PlanOptions o;
+    o.kv_splits = 5;
+    check_cuda<bfloat16>(pr, SlidingWindowMask{300, 0, Alignment::bottom_right}, variants::Default{}, o);
+  }
+  SECTION("rows with no allowed key, forced splits, sinks") {
+    PlanOptions o;
+    o.kv_splits = 3;
+    const std::vector<float> sinks{0.5f, -1.0f, 2.0f, 0.0f};
+    check_cuda<bfloat16>(pr, TestBlankRowsMask{}, variants::Sinks{sinks}, o);
+  }
+}
+
+TEST_CASE("cuda: decode packs GQA heads and splits the keys", "[cuda][gpu]") {
+  std::mt19937 rng(13);
+  for (const index_t sq : {1, 3, 16}) {
+    INFO("q_len " << sq);
+    const Problem pr = random_bshd(rng, 2, sq, 5000, 32, 4, 128, 128);
+    const auto plan = plan_attention<backends::Cuda>(
+        shape_of(AttentionInputs<float>{pr.q.view(), pr.k.view(), pr.v.view()}), CausalMask{Alignment::bottom_right});
+    CHECK(plan.work().device->launch.heads_per_cta == 8);
+    CHECK(plan.work().device->launch.kv_splits > 1);
+    CHECK(plan.work().device->launch.decode == (sq * 8 <= 16));
+    check_cuda<bfloat16>(pr, CausalMask{Alignment::bottom_right}, variants::Default{});
+    const std::vector<float> sinks(32, 1.5f);
+    check_cuda<bfloat16>(pr, FullMask{}, variants::Sinks{sinks});
+  }
+}
+
+TEST_CASE("cuda: decode kernel with per-head masks and score variants", "[cuda][gpu]") {
+  std::mt19937 rng(20);
+  const std::vector<float> slopes{0.5f, 0.25f, 0.125f, 0.0625f, 0.03f, 0.02f},
+      sinks{1.0f, -2.0f, 0.0f, 3.0f, 0.5f, 9.0f};
+  for (const index_t dim : {64, 80, 128}) {
+    INFO("head dim " << dim);
+    const Problem pr = random_bshd(rng, 3, 5, 777, 6, 2, dim, dim);
+    const AttentionShape shape = shape_of(AttentionInputs<float>{pr.q.view(), pr.k.view(), pr.v.view()});
+    const auto plan = plan_attention<backends::Cuda>(shape, TestPerHeadWindowMask{40});
+    CHECK(plan.work().device->launch.decode);
+    CHECK(plan.work().device->launch.heads_per_cta == 1);
+    check_cuda<bfloat16>(pr, TestPerHeadWindowMask{40}, variants::Default{});
+    check_cuda<bfloat16>(pr, TestBlankRowsMask{},
+                         variants::chain(variants::Softcap{6.0f}, variants::Alibi{slopes}, variants::Sinks{sinks}));
+    PlanOptions one_split;
+    one_split.kv_splits = 1;
+    check_cuda<bfloat16>(pr, CausalMask{Alignment::bottom_right}, variants::Sinks{sinks}, one_split);
+  }
+}
+
+// Paged K/V: pages in random order, read through a host block table (the
+// backend uploads the page list); BSHD decode and THD queries.
+TEST_CASE("cuda: paged K/V cache", "[cuda][gpu][paged]") {
+  std::mt19937 rng(21);
+  for (const index_t page_size : {16, 64, 100}) {
+    INFO("page_size " << page_size);
+    const std::vector<std::int32_t> kv_lens{1000, 1, 333, 0};
+    const index_t batch = 4, heads = 8, kv_heads = 2, dim = 128, max_pages = 1000 / page_size + 2;
+    index_t num_pages = 0;
+    for (const auto len : kv_lens) num_pages += (len + page_size - 1) / page_size;
+    num_pages += 3;  // pages nobody reads
+    std::vector<std::int32_t> order(static_cast<std::size_t>(num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::int32_t> table(static_cast<std::size_t>(batch * max_pages), -1);
+    std::size_t next = 0;
+    for (index_t b = 0; b < batch; ++b)
+      for (index_t i = 0; i < (kv_lens[static_cast<std::size_t>(b)] + page_size - 1) / page_size; ++i)
+        table[static_cast<std::size_t>(b * max_pages + i)] = order[next++];
+    const Tensor<bfloat16> kp =
+        rounded_to<bfloat16>(random_tensor<float>(detail::make_extents({num_pages, page_size, kv_heads, dim}), rng));
+    const Tensor<bfloat16> vp =
+        rounded_to<bfloat16>(random_tensor<float>(detail::make_extents({num_pages, page_size, kv_heads, dim}), rng));
+    const Tensor<float> kpf = widened(kp), vpf = widened(vp);
+    const TensorView<const std::int32_t> table_view(table.data(), Extents{batch, max_pages});
+    const TensorView<const std::int32_t> lens_view(kv_lens.data(), Extents{batch});
+    const DeviceTensor<bfloat16> dkp(kp), dvp(vp);
+
+    for (const bool thd : {false, true}) {
+      INFO((thd ? "THD queries" : "BSHD decode"));
+      const std::vector<std::int32_t> cu{0, 3, 4, 20, 20};
+      const Extents q_shape =
+          thd ? detail::make_extents({20, heads, dim}) : detail::make_extents({batch, 1, heads, dim});
+      const Tensor<bfloat16> q = rounded_to<bfloat16>(random_tensor<float>(q_shape, rng));
+      const Tensor<float> qf = widened(q);
+      const TensorView<const std::int32_t> cu_view =
+          thd ? TensorView<const std::int32_t>(cu.data(), Extents{batch + 1}) : TensorView<const std::int32_t>{};
+      const PagedAttentionInputs<float> ref_in{qf.view(), {kpf.view(), vpf.view(), table_view, lens_view}, cu_view};
+      const AttentionShape shape = shape_of(ref_in);
+      const Extents lse_shape = thd ? detail::make_extents({heads, 20}) : detail::make_extents({batch, heads, 1});
+      Tensor<float> want(q_shape, 7.0f), want_lse(lse_shape, 7.0f);
+      const CausalMask mask{Alignment::bottom_right};
+      const std::vector<float> sinks(static_cast<std::size_t>(heads), 0.25f);
+      attention_forward(plan_attention<backends::Reference>(shape, mask), ref_in, want.view(), want_lse.view(),
+                        variants::Sinks{sinks});
+
+      const DeviceTensor<bfloat16> dq(q);
+      DeviceTensor<bfloat16> dout(Tensor<bfloat16>(q_shape, bfloat16(7.0f)));
+      DeviceTensor<float> dlse(Tensor<float>(lse_shape, 7.0f));
+      const PagedAttentionInputs<bfloat16> in{dq.view(), {dkp.view(), dvp.view(), table_view, lens_view}, cu_view};
+      const auto plan = plan_attention<backends::Cuda>(shape, mask);
+      for (int rep = 0; rep < 2; ++rep) {  // the second call reuses the uploaded page list
+        attention_forward(plan, in, dout.view(), dlse.view(), variants::Sinks{sinks}, cuda::Stream{});
+      }
+      cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      const Tensor<float> got = widened(dout.download());
+      index_t bad = 0;
+      for (index_t i = 0; i < got.size(); ++i) {
+        const double g = got.data()[i], w = want.data()[i];
+        bad += !(std::abs(g - w) <= 2e-2 * (1.0 + std::abs(w)));
+      }
+      CHECK(bad == 0);
+      check_lse(dlse.download(), want_lse, 1e-3);
+    }
+  }
+}
+
+TEST_CASE("cuda: packed THD with empty segments", "[cuda][gpu][thd]") {
+  std::mt19937 rng(14);
+  SECTION("multi-item requests") {
+    MultiItemLayout layout;
+    layout.add_items(20, std::vector<index_t>{7, 0, 30, 12});
+    layout.add_items(5, std::vector<index_t>{40});
+    layout.add_items(130, std::vector<index_t>{1, 2, 3, 70});
+    const RaggedLengths lengths = layout.lengths();
+    std::vector<std::int32_t> offsets, lens;
+    index_t tokens = 3;  // a gap before the first segment: rows nobody writes
+    for (index_t b = 0; b < lengths.batch(); ++b) {
+      offsets.push_back(static_cast<std::int32_t>(tokens));
+      lens.push_back(static_cast<std::int32_t>(lengths.q[static_cast<std::size_t>(b)]));
+      tokens += lengths.q[static_cast<std::size_t>(b)];
+    }
+    const SegmentTable table{offsets, lens, offsets, lens};
+    Problem pr{random_tensor<float>(detail::make_extents({tokens, 8, 64}), rng),
+               random_tensor<float>(detail::make_extents({tokens, 2, 64}), rng),
+               random_tensor<float>(detail::make_extents({tokens, 2, 64}), rng), &table};
+    check_cuda<bfloat16>(pr, multi_item_mask(layout), variants::Default{});
+  }
+  SECTION("varlen causal with empty and one-token segments") {
+    const std::vector<std::int32_t> q_off{0, 5, 5, 300, 301}, q_len{5, 0, 295, 1, 200};
+    const std::vector<std::int32_t> kv_off{0, 10, 10, 400, 401}, kv_len{10, 0, 390, 1, 0};
+    const SegmentTable table{q_off, q_len, kv_off, kv_len};
+    Problem pr{random_tensor<float>(detail::make_extents({501, 4, 128}), rng),
+               random_tensor<float>(detail::make_extents({401, 1, 128}), rng),
+               random_tensor<float>(detail::make_extents({401, 1, 128}), rng), &table};
+    check_cuda<bfloat16>(pr, CausalMask{Alignment::bottom_right}, variants::Default{});
+  }
+}
+
+TEST_CASE("cuda: data-driven masks", "[cuda][gpu]") {
+  std::mt19937 rng(15);
+  const index_t batch = 2, len = 333;
+  const Problem pr = random_bshd(rng, batch, len, len, 4, 2, 128, 128);
+  SECTION("documents") {
+    std::vector<std::int32_t> ids;
+    for (index_t b = 0; b < batch; ++b)
+      for (index_t t = 0; t < len; ++t) ids.push_back(static_cast<std::int32_t>(1 + t / (17 + 40 * b)));
+    const DocumentLayout layout =
+        DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), Extents{batch, len}));
+    check_cuda<bfloat16>(pr, document_mask(layout, CausalMask{}), variants::Default{});
+  }
+  SECTION("top-k AND causal") {
+    std::vector<float> scores(static_cast<std::size_t>(batch * len * len));
+    std::normal_distribution<float> dist;
+    for (float& s : scores) s = dist(rng);
+    const Tensor<std::int32_t> idx = top_k(TensorView<const float>(scores.data(), Extents{batch, len, len}), 40);
+    const TopKLayout layout = TopKLayout::from_indices(idx.view(), len);
+    check_cuda<bfloat16>(pr, topk_mask(layout) & CausalMask{}, variants::Default{});
+  }
+}
+
+TEST_CASE("cuda: score variants", "[cuda][gpu]") {
+  std::mt19937 rng(16);
+  const Problem pr = random_bshd(rng, 2, 190, 260, 4, 2, 128, 128);
+  const std::vector<float> slopes{0.5f, 0.25f, 0.125f, 0.0625f}, sinks{1.0f, -2.0f, 0.0f, 3.0f};
+  const CausalMask causal{Alignment::bottom_right};
+  SECTION("scale") { check_cuda<bfloat16>(pr, causal, variants::Scale{0.3f}); }
+  SECTION("softcap") {
+    check_cuda<bfloat16>(pr, causal, variants::chain(variants::Scale{1.0f}, variants::Softcap{5.0f}));
+  }
+  SECTION("sinks") { check_cuda<bfloat16>(pr, TestBlankRowsMask{}, variants::Sinks{sinks}); }
+  SECTION("alibi") { check_cuda<bfloat16>(pr, causal, variants::Alibi{slopes}); }
+  SECTION("softcap then alibi, with sinks") {
+    check_cuda<bfloat16>(pr, causal,
+                         variants::chain(variants::Softcap{8.0f}, variants::Alibi{slopes}, variants::Sinks{sinks}));
+  }
+  SECTION("standard") {
+    variants::Standard s;
+    s.scale_value = 0.2f;
+    s.softcap = {10.0f};
+    s.sinks = {sinks};
+    check_cuda<bfloat16>(pr, causal, s);
+  }
+}
+
+TEST_CASE("cuda: fp16 storage", "[cuda][gpu]") {
+  std::mt19937 rng(17);
+  const Problem pr = random_bshd(rng, 2, 130, 140, 8, 2, 64, 64);
+  check_cuda<float16>(pr, CausalMask{}, variants::Default{});
+  const Problem dec = random_bshd(rng, 1, 1, 3000, 8, 1, 256, 256);
+  check_cuda<float16>(dec, FullMask{}, variants::Default{});
+}
+
+TEST_CASE("cuda: one plan, many calls on two streams", "[cuda][gpu]") {
+  std::mt19937 rng(18);
+  const Problem a = random_bshd(rng, 1, 200, 200, 2, 2, 64, 64), b = random_bshd(rng, 1, 200, 200, 2, 2, 64, 64);
+  const Tensor<bfloat16> qa = rounded_to<bfloat16>(a.q), ka = rounded_to<bfloat16>(a.k), va = rounded_to<bfloat16>(a.v);
+  const Tensor<bfloat16> qb = rounded_to<bfloat16>(b.q), kb = rounded_to<bfloat16>(b.k), vb = rounded_to<bfloat16>(b.v);
+  const DeviceTensor<bfloat16> dqa(qa), dka(ka), dva(va), dqb(qb), dkb(kb), dvb(vb);
+  DeviceTensor<bfloat16> oa(Tensor<bfloat16>(qa.shape())), ob(Tensor<bfloat16>(qa.shape()));
+  const AttentionInputs<bfloat16> ina{dqa.view(), dka.view(), dva.view()}, inb{dqb.view(), dkb.view(), dvb.view()};
+  const auto plan = plan_attention<backends::Cuda>(shape_of(ina), CausalMask{});
+  cudaStream_t s1, s2;
+  cuda::check(cudaStreamCreate(&s1), "cudaStreamCreate");
+  cuda::check(cudaStreamCreate(&s2), "cudaStreamCreate");
+  const std::vector<float> sa{1.0f, 2.0f}, sb{-1.0f, 0.5f};
+  for (int rep = 0; rep < 5; ++rep) {
+    attention_forward(plan, ina, oa.view(), {}, variants::Sinks{sa}, cuda::Stream{s1});
+    attention_forward(plan, inb, ob.view(), {}, variants::Sinks{sb}, cuda::Stream{s2});
+  }
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+  for (int which = 0; which < 2; ++which) {
+    const Tensor<float> qf = widened(which ? qb : qa), kf = widened(which ? kb : ka), vf = widened(which ? vb : va);
+    const AttentionInputs<float> in{qf.view(), kf.view(), vf.view()};
+    Tensor<float> want(qf.shape());
+    attention_forward(plan_attention<backends::Reference>(shape_of(in), CausalMask{}), in, want.view(), {},
+                      variants::Sinks{which ? sb : sa});
+    CHECK(compare(widened((which ? ob : oa).download()), want).nmse() <= 2e-4);
+  }
+}
+
+TEST_CASE("cuda: bad calls throw and name the problem", "[cuda][gpu][errors]") {
+  std::mt19937 rng(19);
+  const Problem pr = random_bshd(rng, 1, 40, 40, 2, 2, 64, 64);
+  const Tensor<bfloat16> q = rounded_to<bfloat16>(pr.q), k = rounded_to<bfloat16>(pr.k), v = rounded_to<bfloat16>(pr.v);
+  Tensor<bfloat16> out(q.shape());
+  const AttentionInputs<bfloat16> host_in{q.view(), k.view(), v.view()};
+  const auto plan = plan_attention<backends::Cuda>(shape_of(host_in), CausalMask{});
+  CHECK_THROWS_WITH(attention_forward(plan, host_in, out.view(), {}),
+                    ContainsSubstring("q must point to device memory"));
+
+  // fp32 inputs are rejected at compile time (kStores): attention_forward static_asserts.
+
+  AttentionShape odd = shape_of(host_in);
+  odd.dk = 12;
+  CHECK_THROWS_WITH(plan_attention<backends::Cuda>(odd, CausalMask{}), ContainsSubstring("multiples of 8"));
+  odd.dk = 320;
+  CHECK_THROWS_WITH(plan_attention<backends::Cuda>(odd, CausalMask{}), ContainsSubstring("head dims up to 256"));
+  PlanOptions no_bits;
+  no_bits.store_tile_bits = false;
+  CHECK_THROWS_WITH(plan_attention<backends::Cuda>(shape_of(host_in), CausalMask{}, no_bits),
+                    ContainsSubstring("store_tile_bits"));
+
+  // A K view with a head stride that breaks 16-byte rows.
+  const DeviceTensor<bfloat16> dq(q), dv(v);
+  Tensor<bfloat16> wide(detail::make_extents({1, 40, 2, 68}));
+  const DeviceTensor<bfloat16> dwide(wide);
+  DeviceTensor<bfloat16> dout(out);
+  const TensorView<const bfloat16> k_odd(dwide.buffer.data(), detail::make_extents({1, 40, 2, 64}),
+                                         Strides(detail::make_extents({40 * 2 * 68, 2 * 68, 68, 1})));
+  const AttentionInputs<bfloat16> odd_in{dq.view(), k_odd, dv.view()};
+  CHECK_THROWS_WITH(attention_forward(plan, odd_in, dout.view(), {}), ContainsSubstring("16-byte aligned"));
+}
+
+}  // namespace
+}  // namespace seqattn::testing
+
+int main(int argc, char* argv[]) {
+  if (!seqattn::testing::have_gpu()) {
+    int n = 0;
+    const cudaError_t status = cudaGetDeviceCount(&n);
+    std::printf("SKIPPED: the Cuda backend tests need a CUDA device; cudaGetDeviceCount: %s\n",
+                status == cudaSuccess ? "0 devices" : cudaGetErrorString(status));
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}

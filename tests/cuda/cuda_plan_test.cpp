@@ -1,0 +1,802 @@
+// Host-side planning of the Cuda backend, tested without a GPU:
+//   - build_device_mask_layout (backends/cuda/device_mask.hpp): the CSR form
+//     of a BlockMask, checked row by row against the BlockMask and element by
+//     element against the mask description's own predicate;
+//   - plan_launch (backends/cuda/launch_plan.hpp): head dims, GQA packing,
+//     work items, their order, KV splits and workspace sizes, checked against
+//     the rules the header documents, restated here independently.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "seqattn/backends/cuda/device_mask.hpp"
+#include "seqattn/backends/cuda/launch_plan.hpp"
+#include "seqattn/masks.hpp"
+
+#include "support/catch.hpp"
+
+using namespace seqattn;
+using seqattn::cuda::build_device_mask_layout;
+using seqattn::cuda::DeviceMaskLayout;
+using seqattn::cuda::KvTileEntry;
+using seqattn::cuda::LaunchPlan;
+using seqattn::cuda::plan_launch;
+
+namespace {
+
+constexpr BlockShape kCudaBlock{128, 64};
+
+index_t pick(std::mt19937& rng, index_t lo, index_t hi) { return std::uniform_int_distribution<index_t>(lo, hi)(rng); }
+
+// Ragged lengths that like to sit on and around the tile edges (and 0).
+index_t pick_len(std::mt19937& rng, index_t max_len) {
+  static constexpr index_t kEdges[] = {0, 1, 2, 63, 64, 65, 127, 128, 129, 191, 192, 255, 256, 257};
+  if (pick(rng, 0, 2) == 0) {
+    const index_t e = kEdges[pick(rng, 0, static_cast<index_t>(std::size(kEdges)) - 1)];
+    if (e <= max_len) return e;
+  }
+  return pick(rng, 0, max_len);
+}
+
+Alignment pick_alignment(std::mt19937& rng) { return pick(rng, 0, 1) ? Alignment::top_left : Alignment::bottom_right; }
+
+struct MaskCase {
+  std::string name;
+  AnyMask mask;
+  RaggedLengths lengths;
+  index_t heads = 1;
+};
+
+RaggedLengths ragged(std::mt19937& rng, index_t batch, index_t max_len, bool square) {
+  RaggedLengths l;
+  for (index_t b = 0; b < batch; ++b) {
+    l.q.push_back(pick_len(rng, max_len));
+    l.kv.push_back(square ? l.q.back() : pick_len(rng, max_len));
+  }
+  return l;
+}
+
+AnyMask random_structural(std::mt19937& rng) {
+  switch (pick(rng, 0, 4)) {
+    case 0:
+      return CausalMask{pick_alignment(rng)};
+    case 1:
+      return SlidingWindowMask{pick(rng, -1, 200), pick(rng, -1, 90), pick_alignment(rng)};
+    case 2:
+      return ChunkedCausalMask{pick(rng, 1, 200), pick_alignment(rng)};
+    case 3:
+      return PrefixLMMask{pick(rng, 0, 300), {}, pick_alignment(rng)};
+    default:
+      return FullMask{};
+  }
+}
+
+// Every mask kind of masks/: structural, document, multi-item, top-k,
+// combinators, and head-varying ones (per-head, mask_mod on the head).
+MaskCase random_mask_case(std::mt19937& rng, index_t max_len) {
+  MaskCase c;
+  c.heads = pick(rng, 1, 8);
+  const index_t batch = pick(rng, 1, 4);
+  const int kind = static_cast<int>(pick(rng, 0, 11));
+  switch (kind) {
+    case 0:
+      c.name = "full";
+      c.mask = FullMask{};
+      c.lengths = ragged(rng, batch, max_len, false);
+      break;
+    case 1:
+      c.name = "causal";
+      c.mask = CausalMask{pick_alignment(rng)};
+      c.lengths = ragged(rng, batch, max_len, false);
+      break;
+    case 2:
+      c.name = "sliding window";
+      c.mask = SlidingWindowMask{pick(rng, -1, 200), pick(rng, -1, 90), pick_alignment(rng)};
+      c.lengths = ragged(rng, batch, max_len, false);
+      break;
+    case 3:
+      c.name = "chunked causal";
+      c.mask = ChunkedCausalMask{pick(rng, 1, 200), pick_alignment(rng)};
+      c.lengths = ragged(rng, batch, max_len, false);
+      break;
+    case 4: {
+      c.name = "prefix-lm";
+      c.lengths = ragged(rng, batch, max_len, false);
+      if (pick(rng, 0, 1)) {
+        c.mask = PrefixLMMask{pick(rng, 0, 300), {}, pick_alignment(rng)};
+      } else {
+        auto prefixes = std::make_shared<std::vector<std::int32_t>>();
+        for (index_t b = 0; b < batch; ++b) prefixes->push_back(static_cast<std::int32_t>(pick(rng, 0, 300)));
+        c.mask = AnyMask(PrefixLMMask{0, *prefixes, pick_alignment(rng)}, prefixes);
+      }
+      break;
+    }
+    case 5: {
+      // Documents with padding (id 0) between and after them.
+      c.name = "document";
+      const index_t tokens = pick_len(rng, max_len);
+      auto ids = std::make_shared<std::vector<std::int32_t>>();
+      for (index_t b = 0; b < batch; ++b) {
+        std::int32_t id = 1;
+        index_t t = 0;
+        while (t < tokens) {
+          const index_t len = pick(rng, 1, 150);
+          const std::int32_t v = pick(rng, 0, 4) == 0 ? 0 : id++;
+          for (index_t i = 0; i < len && t < tokens; ++i, ++t) ids->push_back(v);
+        }
+      }
+      auto layout = std::make_shared<const DocumentLayout>(
+          DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids->data(), Extents{batch, tokens})));
+      auto owner = std::make_shared<std::pair<decltype(ids), decltype(layout)>>(ids, layout);
+      c.lengths = layout->lengths();
+      switch (pick(rng, 0, 2)) {
+        case 0:
+          c.mask = AnyMask(document_mask(*layout), owner);
+          break;
+        case 1:
+          c.mask = AnyMask(document_mask(*layout, CausalMask{}), owner);
+          break;
+        default:
+          c.name += " & window";
+          c.mask = AnyMask(document_mask(*layout, CausalMask{}) & SlidingWindowMask{pick(rng, 0, 150), 0}, owner);
+          break;
+      }
+      break;
+    }
+    case 6: {
+      c.name = "multi-item";
+      auto layout = std::make_shared<MultiItemLayout>();
+      for (index_t b = 0; b < batch; ++b) {
+        if (pick(rng, 0, 3) == 0) {
+          layout->add_causal(pick_len(rng, max_len));
+        } else {
+          std::vector<index_t> items(static_cast<std::size_t>(pick(rng, 1, 6)));
+          for (auto& n : items) n = pick(rng, 0, max_len / 6);
+          layout->add_items(pick(rng, 1, max_len / 3 + 1), items);
+        }
+      }
+      c.lengths = layout->lengths();
+      c.mask = AnyMask(multi_item_mask(*layout), layout);
+      break;
+    }
+    case 7: {
+      c.name = "top-k";
+      const index_t t = pick_len(rng, max_len), s = pick_len(rng, max_len);
+      const index_t k = pick(rng, 1, 48);
+      auto idx = std::make_shared<std::vector<std::int32_t>>();
+      std::vector<std::int32_t> keys(static_cast<std::size_t>(s));
+      for (index_t r = 0; r < batch * t; ++r) {
+        std::iota(keys.begin(), keys.end(), 0);
+        // Local picks (near the diagonal) make some tiles full-ish, far ones scatter.
+        std::shuffle(keys.begin(), keys.end(), rng);
+        for (index_t j = 0; j < k; ++j) {
+          idx->push_back(j < s && pick(rng, 0, 7) != 0 ? keys[static_cast<std::size_t>(j)] : -1);
+        }
+      }
+      auto layout = std::make_shared<const TopKLayout>(
+          TopKLayout::from_indices(TensorView<const std::int32_t>(idx->data(), Extents{batch, t, k}), s));
+      c.lengths = layout->lengths();
+      if (pick(rng, 0, 1)) {
+        c.mask = AnyMask(topk_mask(*layout), layout);
+      } else {
+        c.name += " | causal";
+        c.mask = AnyMask(topk_mask(*layout) | CausalMask{Alignment::bottom_right}, layout);
+      }
+      break;
+    }
+    case 8: {
+      c.lengths = ragged(rng, batch, max_len, false);
+      const Alignment a = pick_alignment(rng);
+      switch (pick(rng, 0, 3)) {
+        case 0:
+          c.name = "causal & window";
+          c.mask = CausalMask{a} & SlidingWindowMask{pick(rng, 0, 200), pick(rng, -1, 50), a};
+          break;
+        case 1:
+          // Two full ranges per row with partial tiles between and around them.
+          c.name = "causal | ~window";
+          c.mask = CausalMask{a} | ~SlidingWindowMask{pick(rng, 0, 200), pick(rng, 0, 200), a};
+          break;
+        case 2:
+          c.name = "~causal";
+          c.mask = ~CausalMask{a};
+          break;
+        default:
+          c.name = "window | chunked";
+          c.mask = SlidingWindowMask{pick(rng, 0, 100), 0, a} | ChunkedCausalMask{pick(rng, 1, 300), a};
+          break;
+      }
+      break;
+    }
+    case 9: {
+      // Head-varying: one description per head, of different kinds.
+      c.name = "per-head";
+      c.lengths = ragged(rng, batch, max_len, false);
+      auto masks = std::make_shared<std::vector<AnyMask>>();
+      for (index_t h = 0; h < c.heads; ++h) masks->push_back(random_structural(rng));
+      if (pick(rng, 0, 2) == 0) {
+        c.name += " & causal";
+        c.mask = AnyMask(PerHeadMask<AnyMask>{*masks} & CausalMask{Alignment::bottom_right}, masks);
+      } else {
+        c.mask = AnyMask(PerHeadMask<AnyMask>{*masks}, masks);
+      }
+      break;
+    }
+    case 10: {
+      // Head-varying predicate (tiles are classified by scanning it).
+      c.name = "mask_mod(head)";
+      c.lengths = ragged(rng, batch, max_len, pick(rng, 0, 1) == 0);
+      c.mask = mask_mod([](index_t b, index_t h, index_t q, index_t kv) {
+        return kv <= q + 48 * h && (q / 29 + kv / 70 + h + b) % 3 != 0;
+      });
+      break;
+    }
+    default: {
+      // Head-invariant mask_mod: mostly full or empty tiles with scattered holes.
+      c.name = "mask_mod(stripes)";
+      c.lengths = ragged(rng, batch, max_len, false);
+      c.mask =
+          mask_mod([](index_t, index_t, index_t q, index_t kv) { return (q / 100 + kv / 90) % 2 == 0 || q == kv; });
+      break;
+    }
+  }
+  return c;
+}
+
+index_t sum_q_blocks(const RaggedLengths& l, index_t upto) {
+  index_t n = 0;
+  for (index_t b = 0; b < upto; ++b) n += (l.q[static_cast<std::size_t>(b)] + 127) / 128;
+  return n;
+}
+
+// The device layout against the BlockMask (row by row) and, when `elements`,
+// against the description's own predicate for every element of the grid.
+void check_layout(const AnyMask& mask, const BlockMask& bm, const DeviceMaskLayout& dl, index_t heads, bool invariant,
+                  bool elements) {
+  const RaggedLengths& l = bm.lengths();
+  const index_t batch = l.batch();
+  const index_t mask_heads = invariant ? 1 : heads;
+  REQUIRE(bm.heads() == mask_heads);
+  CHECK(dl.block.q == 128);
+  CHECK(dl.block.kv == 64);
+  CHECK(dl.words_per_row == 1);
+  CHECK(dl.mask_heads == mask_heads);
+
+  // Rows, row_base and the CSR offsets.
+  const index_t total_rows = sum_q_blocks(l, batch) * mask_heads;
+  CHECK(dl.rows() == total_rows);
+  REQUIRE(dl.row_offsets.size() == static_cast<std::size_t>(total_rows + 1));
+  CHECK(dl.row_offsets.front() == 0);
+  CHECK(dl.row_offsets.back() == static_cast<std::int32_t>(dl.entries.size()));
+  CHECK(std::is_sorted(dl.row_offsets.begin(), dl.row_offsets.end()));
+  CHECK(static_cast<index_t>(dl.entries.size()) == bm.num_full_tiles() + bm.num_partial_tiles());
+  REQUIRE(dl.row_base.size() == static_cast<std::size_t>(batch));
+  for (index_t b = 0; b < batch; ++b) {
+    CHECK(dl.row_base[static_cast<std::size_t>(b)] == sum_q_blocks(l, b) * mask_heads);
+  }
+
+  // Distinct tiles: the same bits in the same order.
+  const index_t tiles = bm.num_distinct_partial_tiles();
+  CHECK(dl.num_tiles() == tiles);
+  REQUIRE(dl.tile_bits.size() == static_cast<std::size_t>(tiles * 128));
+  for (index_t t = 0; t < tiles; ++t) {
+    const auto want = bm.tile_bits(static_cast<std::int32_t>(t));
+    if (!std::equal(want.begin(), want.end(), dl.tile_bits.begin() + t * 128)) {
+      INFO("distinct tile " << t);
+      CHECK(false);
+    }
+  }
+
+  // Rows: {full blocks} ∪ {partial blocks}, increasing kv-block, tile -1 exactly for full.
+  index_t row_mismatches = 0;
+  for (index_t b = 0; b < batch; ++b) {
+    const index_t nqb = bm.num_q_blocks(b);
+    for (index_t h = 0; h < mask_heads; ++h) {
+      for (index_t qb = 0; qb < nqb; ++qb) {
+        std::vector<KvTileEntry> want;
+        for (std::int32_t kb : bm.full_blocks(b, h, qb)) want.push_back({kb, -1});
+        const auto partial = bm.partial_blocks(b, h, qb);
+        const auto ids = bm.partial_tile_ids(b, h, qb);
+        REQUIRE(ids.size() == partial.size());
+        for (std::size_t i = 0; i < partial.size(); ++i) want.push_back({partial[i], ids[i]});
+        std::sort(want.begin(), want.end(), [](const auto& x, const auto& y) { return x.kv_block < y.kv_block; });
+        const auto r = static_cast<std::size_t>(dl.row_base[static_cast<std::size_t>(b)] + h * nqb + qb);
+        const std::vector<KvTileEntry> got(dl.entries.begin() + dl.row_offsets[r],
+                                           dl.entries.begin() + dl.row_offsets[r + 1]);
+        bool ok = got == want;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          ok = ok && got[i].kv_block >= 0 && got[i].kv_block < bm.num_kv_blocks(b);
+          ok = ok && (i == 0 || got[i - 1].kv_block < got[i].kv_block);
+          ok = ok && got[i].tile >= -1 && got[i].tile < tiles;
+        }
+        if (!ok && row_mismatches++ == 0) {
+          INFO("first bad row: b=" << b << " h=" << h << " qb=" << qb << " (row " << r << "): " << got.size()
+                                   << " entries, want " << want.size());
+          CHECK(ok);
+        }
+      }
+    }
+  }
+  CHECK(row_mismatches == 0);
+  if (!elements) return;
+
+  // Every element of every (sequence, query head) grid, from the device arrays
+  // alone: full -> inside the sequence, partial -> its bit (zero outside the
+  // sequence), absent -> no. Compared with the description's predicate.
+  index_t mismatches = 0;
+  std::string first;
+  for (index_t b = 0; b < batch; ++b) {
+    const index_t q_len = l.q[static_cast<std::size_t>(b)], kv_len = l.kv[static_cast<std::size_t>(b)];
+    const index_t nqb = (q_len + 127) / 128, nkb = (kv_len + 63) / 64;
+    for (index_t h = 0; h < heads; ++h) {
+      if (invariant && h != 0 && h != heads - 1) continue;  // all heads read the same row
+      const MaskContext ctx{b, h, q_len, kv_len};
+      for (index_t qb = 0; qb < nqb; ++qb) {
+        const auto r = static_cast<std::size_t>(dl.row_base[static_cast<std::size_t>(b)] +
+                                                (dl.mask_heads == 1 ? 0 : h) * nqb + qb);
+        std::vector<std::int32_t> kind(static_cast<std::size_t>(nkb), -2);  // -2 absent, -1 full, else tile
+        for (auto i = dl.row_offsets[r]; i < dl.row_offsets[r + 1]; ++i) {
+          const KvTileEntry e = dl.entries[static_cast<std::size_t>(i)];
+          if (e.kv_block >= 0 && e.kv_block < nkb) kind[static_cast<std::size_t>(e.kv_block)] = e.tile;
+        }
+        for (index_t kb = 0; kb < nkb; ++kb) {
+          const std::int32_t k = kind[static_cast<std::size_t>(kb)];
+          if (k >= dl.num_tiles()) continue;  // reported above
+          for (index_t rr = 0; rr < 128; ++rr) {
+            const index_t q = qb * 128 + rr;
+            for (index_t cc = 0; cc < 64; ++cc) {
+              const index_t kv = kb * 64 + cc;
+              const bool inside = q < q_len && kv < kv_len;
+              bool dev = false;
+              if (k == -1) {
+                dev = inside;
+              } else if (k >= 0) {
+                dev =
+                    (dl.tile_bits[static_cast<std::size_t>((k * 128 + rr) * dl.words_per_row + cc / 64)] >> (cc % 64)) &
+                    1u;
+              }
+              const bool want = inside && mask.allowed(ctx, q, kv);
+              if (dev != want && mismatches++ == 0) {
+                first = detail::concat("b=", b, " h=", h, " q=", q, " kv=", kv, " (q_len ", q_len, ", kv_len ", kv_len,
+                                       ", tile kind ", k, "): device ", dev, ", mask ", want);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  INFO("first element mismatch: " << first);
+  CHECK(mismatches == 0);
+}
+
+std::string describe(const MaskCase& c) {
+  std::string s = c.name + ", heads " + std::to_string(c.heads) + ", (q, kv):";
+  for (index_t b = 0; b < c.lengths.batch(); ++b) {
+    s += " (" + std::to_string(c.lengths.q[static_cast<std::size_t>(b)]) + ", " +
+         std::to_string(c.lengths.kv[static_cast<std::size_t>(b)]) + ")";
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("Device mask layout: a hand-checked causal layout", "[cuda][plan]") {
+  const BlockMask bm = build_block_mask(CausalMask{}, RaggedLengths::uniform(1, 300, 300), 4, kCudaBlock);
+  const DeviceMaskLayout dl = build_device_mask_layout(bm);
+  REQUIRE(dl.rows() == 3);
+  CHECK(dl.mask_heads == 1);
+  CHECK(dl.row_base == std::vector<std::int64_t>{0});
+  CHECK(dl.row_offsets == std::vector<std::int32_t>{0, 2, 6, 11});
+  // Rows 0..127 see kv-blocks 0 and 1 in part; rows 128..255 see 0, 1 fully
+  // and 2, 3 in part (the same two patterns); rows 256..299 see 0..3 fully
+  // and the short diagonal tile 4 (a third pattern).
+  const std::vector<KvTileEntry> want{{0, 0},  {1, 1},  {0, -1}, {1, -1}, {2, 0}, {3, 1},
+                                      {0, -1}, {1, -1}, {2, -1}, {3, -1}, {4, 2}};
+  CHECK(dl.entries == want);
+  REQUIRE(dl.num_tiles() == 3);
+  REQUIRE(dl.tile_bits.size() == 3 * 128);
+  for (index_t r = 0; r < 128; ++r) {
+    const auto row = static_cast<std::size_t>(r);
+    const std::uint64_t diag = r >= 63 ? ~std::uint64_t{0} : (std::uint64_t{2} << r) - 1;  // cols 0..min(r, 63)
+    CHECK(dl.tile_bits[row] == diag);
+    const std::uint64_t second = r < 64 ? 0 : r == 127 ? ~std::uint64_t{0} : (std::uint64_t{2} << (r - 64)) - 1;
+    CHECK(dl.tile_bits[128 + row] == second);
+    const std::uint64_t edge = r < 44 ? (std::uint64_t{2} << r) - 1 : 0;  // 44 x 44, zero outside
+    CHECK(dl.tile_bits[256 + row] == edge);
+  }
+  CHECK(dl.bytes() == 4 * 4 + 11 * 8 + 3 * 128 * 8 + 8);
+}
+
+TEST_CASE("Device mask layout equals the BlockMask and the mask, element by element", "[cuda][plan]") {
+  std::mt19937 rng(20240607);
+  for (int trial = 0; trial < 250; ++trial) {
+    const MaskCase c = random_mask_case(rng, 400);
+    INFO("trial " << trial << ": " << describe(c));
+    const BlockMask bm = build_block_mask(c.mask, c.lengths, c.heads, kCudaBlock);
+    const DeviceMaskLayout dl = build_device_mask_layout(bm);
+    check_layout(c.mask, bm, dl, c.heads, c.mask.invariant_over_heads(), true);
+  }
+}
+
+TEST_CASE("Device mask layout on larger ragged batches (rows only)", "[cuda][plan]") {
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 40; ++trial) {
+    MaskCase c = random_mask_case(rng, 1500);
+    INFO("trial " << trial << ": " << describe(c));
+    const BlockMask bm = build_block_mask(c.mask, c.lengths, c.heads, kCudaBlock);
+    check_layout(c.mask, bm, build_device_mask_layout(bm), c.heads, c.mask.invariant_over_heads(), false);
+  }
+}
+
+TEST_CASE("Device mask layout needs stored tile bits for partial tiles", "[cuda][plan]") {
+  BlockMaskOptions no_bits;
+  no_bits.store_tile_bits = false;
+  const BlockMask causal =
+      build_block_mask(CausalMask{}, RaggedLengths{{300, 0, 77}, {300, 5, 200}}, 2, kCudaBlock, no_bits);
+  REQUIRE(causal.num_partial_tiles() > 0);
+  REQUIRE(!causal.has_tile_bits());
+  CHECK_THROWS_AS(build_device_mask_layout(causal), seqattn::invalid_argument);
+  CHECK_THROWS_AS(build_device_mask_layout(causal), std::invalid_argument);
+  CHECK_THROWS_WITH(build_device_mask_layout(causal), ContainsSubstring("store_tile_bits"));
+
+  // Without partial tiles there is nothing to store: the layout is built, and
+  // equals the one built with bits.
+  const RaggedLengths lengths{{300, 0, 129}, {65, 7, 0}};
+  const BlockMask full = build_block_mask(FullMask{}, lengths, 3, kCudaBlock, no_bits);
+  REQUIRE(full.num_partial_tiles() == 0);
+  const DeviceMaskLayout a = build_device_mask_layout(full);
+  const DeviceMaskLayout b = build_device_mask_layout(build_block_mask(FullMask{}, lengths, 3, kCudaBlock));
+  CHECK(a.row_offsets == b.row_offsets);
+  CHECK(a.entries == b.entries);
+  CHECK(a.row_base == b.row_base);
+  CHECK(a.tile_bits.empty());
+  CHECK(a.entries.size() == 3 * 2);  // (q 300, kv 65): 3 q-blocks x 2 kv-blocks; (0, 7) and (129, 0): none
+
+  // Random masks: throws exactly when there are partial tiles.
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 30; ++trial) {
+    const MaskCase c = random_mask_case(rng, 300);
+    INFO("trial " << trial << ": " << describe(c));
+    const BlockMask bm = build_block_mask(c.mask, c.lengths, c.heads, kCudaBlock, no_bits);
+    if (bm.num_partial_tiles() > 0) {
+      CHECK_THROWS_WITH(build_device_mask_layout(bm), ContainsSubstring("store_tile_bits"));
+    } else {
+      const DeviceMaskLayout dl = build_device_mask_layout(bm);
+      const DeviceMaskLayout with = build_device_mask_layout(build_block_mask(c.mask, c.lengths, c.heads, kCudaBlock));
+      CHECK(dl.entries == with.entries);
+      CHECK(dl.row_offsets == with.row_offsets);
+    }
+  }
+}
+
+namespace {
+
+index_t expected_head_dim(index_t dk, index_t dv) {
+  const index_t d = std::max(dk, dv);
+  if (d <= 64) return 64;
+  if (d <= 128) return 128;
+  return 256;
+}
+
+index_t row_tiles(const BlockMask& bm, index_t b, index_t q) {
+  return bm.num_full_blocks(b, 0, q / 128) + bm.num_partial_blocks(b, 0, q / 128);
+}
+
+// plan_launch's documented rules, restated.
+void check_plan(const AttentionShape& shape, const BlockMask& bm, const PlanOptions& options, index_t num_sms,
+                const LaunchPlan& plan) {
+  INFO("shape: " << shape << "; mask heads " << bm.heads() << ", options.kv_splits " << options.kv_splits
+                 << ", num_sms " << num_sms);
+  CHECK(plan.head_dim == expected_head_dim(shape.dk, shape.dv));
+  const index_t group = shape.heads / shape.kv_heads;
+  const index_t max_q = shape.lengths.q.empty() ? 0 : *std::max_element(shape.lengths.q.begin(), shape.lengths.q.end());
+  const bool packed = bm.heads() == 1 && group > 1 && 128 % group == 0 && max_q * group <= 128;
+  CHECK(plan.heads_per_cta == (packed ? group : 1));
+  // The 16-row decode kernel exactly when every CTA has at most 16 rows.
+  const bool decode = plan.head_dim <= 128 && 16 % plan.heads_per_cta == 0 && max_q * plan.heads_per_cta <= 16;
+  CHECK(plan.decode == decode);
+  CHECK(plan.rows_per_cta == (decode ? 16 : 128));
+  CHECK(plan.queries_per_cta * plan.heads_per_cta == plan.rows_per_cta);
+  CHECK(plan.head_groups * plan.heads_per_cta == shape.heads);
+  const index_t qpc = plan.queries_per_cta;
+  REQUIRE(qpc > 0);
+
+  // q_token_base: exclusive prefix sum of the q lengths.
+  REQUIRE(plan.q_token_base.size() == static_cast<std::size_t>(shape.batch()));
+  index_t tokens = 0;
+  for (index_t b = 0; b < shape.batch(); ++b) {
+    CHECK(plan.q_token_base[static_cast<std::size_t>(b)] == tokens);
+    tokens += shape.q_len(b);
+  }
+  CHECK(plan.q_tokens == tokens);
+
+  // Items: every query exactly once, in aligned chunks of queries_per_cta
+  // within one 128-query block, longest mask row first.
+  std::vector<std::vector<char>> covered(static_cast<std::size_t>(shape.batch()));
+  index_t want_items = 0;
+  for (index_t b = 0; b < shape.batch(); ++b) {
+    covered[static_cast<std::size_t>(b)].assign(static_cast<std::size_t>(shape.q_len(b)), 0);
+    want_items += (shape.q_len(b) + qpc - 1) / qpc;
+  }
+  CHECK(static_cast<index_t>(plan.items.size()) == want_items);
+  index_t bad_items = 0, twice = 0, order_breaks = 0, max_tiles = 0;
+  index_t prev_tiles = -1;
+  for (const auto& item : plan.items) {
+    if (item.batch < 0 || item.batch >= shape.batch() || item.q_begin < 0 || item.q_begin >= shape.q_len(item.batch) ||
+        item.q_begin % qpc != 0) {
+      ++bad_items;
+      continue;
+    }
+    const index_t end = std::min<index_t>(item.q_begin + qpc, shape.q_len(item.batch));
+    if (item.q_begin / 128 != (end - 1) / 128) ++bad_items;
+    for (index_t q = item.q_begin; q < end; ++q) {
+      char& c = covered[static_cast<std::size_t>(item.batch)][static_cast<std::size_t>(q)];
+      twice += c;
+      c = 1;
+    }
+    const index_t t = row_tiles(bm, item.batch, item.q_begin);
+    if (prev_tiles >= 0 && t > prev_tiles) ++order_breaks;
+    prev_tiles = t;
+    max_tiles = std::max(max_tiles, t);
+  }
+  CHECK(bad_items == 0);
+  CHECK(twice == 0);
+  index_t missing = 0;
+  for (const auto& v : covered) missing += std::count(v.begin(), v.end(), 0);
+  CHECK(missing == 0);
+  CHECK(order_breaks == 0);
+
+  // KV splits.
+  const index_t ctas = static_cast<index_t>(plan.items.size()) * plan.head_groups;
+  if (options.kv_splits > 0) {
+    CHECK(plan.kv_splits == std::min<index_t>(options.kv_splits, cuda::kMaxKvSplits));
+  } else {
+    CHECK(plan.kv_splits >= 1);
+    CHECK(plan.kv_splits <= cuda::kMaxKvSplits);
+    if (ctas == 0 || ctas >= num_sms || max_tiles < 8) {
+      CHECK(plan.kv_splits == 1);
+    } else {
+      // Enough splits to fill about two waves, never fewer than 4 tiles a split.
+      const index_t two_waves = (2 * num_sms + ctas - 1) / ctas;
+      CHECK(plan.kv_splits > 1);
+      CHECK(plan.kv_splits * 4 <= max_tiles);
+      CHECK(plan.kv_splits == std::min({two_waves, max_tiles / 4, cuda::kMaxKvSplits}));
+    }
+  }
+  CHECK(plan.ctas() == ctas * plan.kv_splits);
+  const index_t dv = shape.dv;
+  CHECK(plan.workspace_out_elems(shape.heads, dv) ==
+        (plan.kv_splits > 1 ? plan.kv_splits * tokens * shape.heads * dv : 0));
+  CHECK(plan.workspace_lse_elems(shape.heads) == (plan.kv_splits > 1 ? plan.kv_splits * tokens * shape.heads : 0));
+}
+
+AttentionShape make_shape(RaggedLengths lengths, index_t heads, index_t kv_heads, index_t dk, index_t dv) {
+  AttentionShape s;
+  s.layout = Layout::thd;
+  s.lengths = std::move(lengths);
+  s.heads = heads;
+  s.kv_heads = kv_heads;
+  s.dk = dk;
+  s.dv = dv;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("plan_launch: padded head dims", "[cuda][plan]") {
+  CHECK(cuda::padded_head_dim(64, 64) == 64);
+  CHECK(cuda::padded_head_dim(1, 1) == 64);
+  CHECK(cuda::padded_head_dim(72, 72) == 128);
+  CHECK(cuda::padded_head_dim(80, 80) == 128);
+  CHECK(cuda::padded_head_dim(128, 128) == 128);
+  CHECK(cuda::padded_head_dim(130, 130) == 256);
+  CHECK(cuda::padded_head_dim(256, 256) == 256);
+  CHECK(cuda::padded_head_dim(64, 65) == 128);    // dv decides
+  CHECK(cuda::padded_head_dim(192, 128) == 256);  // dk decides (DeepSeek-style 192/128)
+  CHECK(cuda::padded_head_dim(32, 129) == 256);
+  const BlockMask bm = build_block_mask(CausalMask{}, RaggedLengths::uniform(1, 10, 10), 1, kCudaBlock);
+  const DeviceMaskLayout dl = build_device_mask_layout(bm);
+  for (index_t d : {1, 64, 65, 96, 128, 129, 200, 256}) {
+    CHECK(plan_launch(make_shape(bm.lengths(), 1, 1, d, 64), dl, {}, 132).head_dim == expected_head_dim(d, 64));
+  }
+}
+
+TEST_CASE("plan_launch: decode packs GQA heads and splits the KV", "[cuda][plan]") {
+  // One sequence, one query, 32k keys: 32 heads over 4 kv heads.
+  const AttentionShape shape = make_shape(RaggedLengths::uniform(1, 1, 32768), 32, 4, 128, 128);
+  const BlockMask bm = build_block_mask(CausalMask{Alignment::bottom_right}, shape.lengths, 32, kCudaBlock);
+  const DeviceMaskLayout dl = build_device_mask_layout(bm);
+  REQUIRE(dl.rows() == 1);
+  CHECK(dl.row_offsets[1] == 512);  // every kv tile
+  const LaunchPlan plan = plan_launch(shape, dl, {}, 132);
+  CHECK(plan.head_dim == 128);
+  CHECK(plan.heads_per_cta == 8);
+  CHECK(plan.decode);
+  CHECK(plan.queries_per_cta == 2);
+  CHECK(plan.head_groups == 4);
+  REQUIRE(plan.items.size() == 1);
+  CHECK(plan.items[0] == cuda::WorkItem{0, 0});
+  CHECK(plan.kv_splits > 1);
+  CHECK(plan.kv_splits == 66);  // two waves of 132 SMs over 4 CTAs; 512 / 4 tiles allow it
+  CHECK(plan.ctas() == 4 * 66);
+  CHECK(plan.q_tokens == 1);
+  CHECK(plan.workspace_out_elems(32, 128) == 66 * 32 * 128);
+  CHECK(plan.workspace_lse_elems(32) == 66 * 32);
+  check_plan(shape, bm, {}, 132, plan);
+  // Splits only while the grid leaves SMs idle: 4 CTAs fill 4 SMs.
+  CHECK(plan_launch(shape, dl, {}, 4).kv_splits == 1);
+  CHECK(plan_launch(shape, dl, {}, 3).kv_splits == 1);
+  CHECK(plan_launch(shape, dl, {}, 5).kv_splits == 3);  // ceil(10 / 4)
+  for (index_t sms : {1, 3, 4, 5, 64, 1000}) check_plan(shape, bm, {}, sms, plan_launch(shape, dl, {}, sms));
+
+  // A head-varying mask cannot share tiles between heads: no packing.
+  const std::vector<SlidingWindowMask> windows(32, SlidingWindowMask{kUnbounded, 0, Alignment::bottom_right});
+  const BlockMask per_head = build_block_mask(PerHeadMask<SlidingWindowMask>{windows}, shape.lengths, 32, kCudaBlock);
+  REQUIRE(per_head.heads() == 32);
+  const LaunchPlan unpacked = plan_launch(shape, build_device_mask_layout(per_head), {}, 132);
+  CHECK(unpacked.heads_per_cta == 1);
+  CHECK(unpacked.head_groups == 32);
+  CHECK(unpacked.kv_splits == 9);  // ceil(264 / 32)
+  check_plan(shape, per_head, {}, 132, unpacked);
+
+  // Too few tiles to split (fewer than 8 a row): one split.
+  const AttentionShape short_kv = make_shape(RaggedLengths::uniform(1, 1, 7 * 64), 32, 4, 64, 64);
+  const BlockMask bm7 = build_block_mask(CausalMask{Alignment::bottom_right}, short_kv.lengths, 32, kCudaBlock);
+  const LaunchPlan p7 = plan_launch(short_kv, build_device_mask_layout(bm7), {}, 132);
+  CHECK(p7.kv_splits == 1);
+  CHECK(p7.workspace_out_elems(32, 64) == 0);
+  const AttentionShape eight = make_shape(RaggedLengths::uniform(1, 1, 8 * 64), 32, 4, 64, 64);
+  const BlockMask bm8 = build_block_mask(CausalMask{Alignment::bottom_right}, eight.lengths, 32, kCudaBlock);
+  CHECK(plan_launch(eight, build_device_mask_layout(bm8), {}, 132).kv_splits == 2);
+}
+
+TEST_CASE("plan_launch: prefill runs one split, longest rows first", "[cuda][plan]") {
+  const AttentionShape shape = make_shape(RaggedLengths::uniform(1, 4096, 4096), 32, 8, 128, 128);
+  const BlockMask bm = build_block_mask(CausalMask{}, shape.lengths, 32, kCudaBlock);
+  const DeviceMaskLayout dl = build_device_mask_layout(bm);
+  const LaunchPlan plan = plan_launch(shape, dl, {}, 132);
+  CHECK(plan.heads_per_cta == 1);
+  CHECK(!plan.decode);
+  CHECK(plan.queries_per_cta == 128);
+  CHECK(plan.head_groups == 32);
+  CHECK(plan.kv_splits == 1);
+  CHECK(plan.workspace_out_elems(32, 128) == 0);
+  CHECK(plan.workspace_lse_elems(32) == 0);
+  REQUIRE(plan.items.size() == 32);
+  CHECK(plan.items.front() == cuda::WorkItem{0, 31 * 128});  // the last q-block sees the most keys
+  CHECK(plan.items.back() == cuda::WorkItem{0, 0});
+  check_plan(shape, bm, {}, 132, plan);
+
+  // Requested splits are honoured, capped at kMaxKvSplits.
+  PlanOptions three;
+  three.kv_splits = 3;
+  const LaunchPlan p3 = plan_launch(shape, dl, three, 132);
+  CHECK(p3.kv_splits == 3);
+  CHECK(p3.workspace_out_elems(32, 96) == 3 * 4096 * 32 * 96);
+  CHECK(p3.workspace_lse_elems(32) == 3 * 4096 * 32);
+  check_plan(shape, bm, three, 132, p3);
+  PlanOptions many;
+  many.kv_splits = 1000;
+  CHECK(plan_launch(shape, dl, many, 132).kv_splits == cuda::kMaxKvSplits);
+  PlanOptions one;
+  one.kv_splits = 1;
+  CHECK(plan_launch(shape, dl, one, 1000000).kv_splits == 1);
+}
+
+TEST_CASE("plan_launch: packing rules and empty sequences", "[cuda][plan]") {
+  const index_t sms = 132;
+  struct Case {
+    index_t heads, kv_heads, max_q;
+    index_t want_hpc;
+  };
+  // Packed exactly when group > 1, 128 % group == 0 and max_q_len * group <= 128.
+  for (const Case c :
+       {Case{8, 1, 16, 8}, Case{8, 1, 17, 1}, Case{6, 2, 1, 1}, Case{4, 4, 1, 1}, Case{64, 2, 4, 32}, Case{64, 2, 5, 1},
+        Case{128, 1, 1, 128}, Case{128, 1, 2, 1}, Case{10, 2, 1, 1}, Case{2, 1, 64, 2}, Case{2, 1, 65, 1}}) {
+    INFO("heads " << c.heads << " over " << c.kv_heads << ", max q " << c.max_q);
+    const AttentionShape shape =
+        make_shape(RaggedLengths{{c.max_q, 0, c.max_q / 2}, {300, 20, 1000}}, c.heads, c.kv_heads, 64, 64);
+    const BlockMask bm = build_block_mask(CausalMask{Alignment::bottom_right}, shape.lengths, c.heads, kCudaBlock);
+    const LaunchPlan plan = plan_launch(shape, build_device_mask_layout(bm), {}, sms);
+    CHECK(plan.heads_per_cta == c.want_hpc);
+    check_plan(shape, bm, {}, sms, plan);
+  }
+  // No queries at all: no work, no split, no workspace.
+  const AttentionShape none = make_shape(RaggedLengths{{0, 0}, {5000, 0}}, 8, 2, 64, 64);
+  const BlockMask bm = build_block_mask(CausalMask{}, none.lengths, 8, kCudaBlock);
+  const LaunchPlan plan = plan_launch(none, build_device_mask_layout(bm), {}, sms);
+  CHECK(plan.items.empty());
+  CHECK(plan.kv_splits == 1);
+  CHECK(plan.ctas() == 0);
+  CHECK(plan.q_token_base == std::vector<std::int64_t>{0, 0});
+  CHECK(plan.q_tokens == 0);
+  CHECK(plan.workspace_out_elems(8, 64) == 0);
+  // num_sms must be positive.
+  CHECK_THROWS_WITH(plan_launch(none, build_device_mask_layout(bm), {}, 0), ContainsSubstring("num_sms"));
+}
+
+TEST_CASE("plan_launch on random shapes and masks", "[cuda][plan]") {
+  std::mt19937 rng(31337);
+  static constexpr index_t kGroups[] = {1, 2, 3, 4, 5, 6, 8, 16, 32};
+  static constexpr index_t kSms[] = {1, 8, 108, 132};
+  static constexpr index_t kDims[] = {32, 64, 72, 80, 96, 128, 130, 192, 256};
+  int packed = 0, split = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    const index_t kv_heads = pick(rng, 1, 4);
+    const index_t group = kGroups[pick(rng, 0, static_cast<index_t>(std::size(kGroups)) - 1)];
+    const index_t heads = kv_heads * group;
+    const index_t batch = pick(rng, 1, 5);
+    const bool decode = pick(rng, 0, 1) == 0;
+    RaggedLengths lengths;
+    for (index_t b = 0; b < batch; ++b) {
+      lengths.q.push_back(decode ? pick(rng, 0, std::max<index_t>(1, 128 / group)) : pick_len(rng, 3000));
+      lengths.kv.push_back(pick(rng, 0, 3) == 0 ? pick_len(rng, 300) : pick(rng, 0, 20000));
+    }
+    const AttentionShape shape =
+        make_shape(lengths, heads, kv_heads, kDims[pick(rng, 0, static_cast<index_t>(std::size(kDims)) - 1)],
+                   kDims[pick(rng, 0, static_cast<index_t>(std::size(kDims)) - 1)]);
+    BlockMask bm;
+    switch (pick(rng, 0, 3)) {
+      case 0:
+        bm = build_block_mask(CausalMask{Alignment::bottom_right}, lengths, heads, kCudaBlock);
+        break;
+      case 1:
+        bm = build_block_mask(SlidingWindowMask{pick(rng, 0, 4000), 0, Alignment::bottom_right}, lengths, heads,
+                              kCudaBlock);
+        break;
+      case 2:
+        bm = build_block_mask(FullMask{}, lengths, heads, kCudaBlock);
+        break;
+      default: {
+        std::vector<SlidingWindowMask> windows;
+        for (index_t h = 0; h < heads; ++h) {
+          windows.push_back({pick(rng, -1, 3000), pick(rng, -1, 10), pick_alignment(rng)});
+        }
+        bm = build_block_mask(PerHeadMask<SlidingWindowMask>{windows}, lengths, heads, kCudaBlock);
+        break;
+      }
+    }
+    PlanOptions options;
+    if (pick(rng, 0, 3) == 0) options.kv_splits = pick(rng, 1, 200);
+    const index_t sms = kSms[pick(rng, 0, static_cast<index_t>(std::size(kSms)) - 1)];
+    const LaunchPlan plan = plan_launch(shape, build_device_mask_layout(bm), options, sms);
+    INFO("trial " << trial);
+    check_plan(shape, bm, options, sms, plan);
+    packed += plan.heads_per_cta > 1;
+    split += options.kv_splits == 0 && plan.kv_splits > 1;
+  }
+  // The random shapes reach both packing and automatic splits.
+  CHECK(packed >= 10);
+  CHECK(split >= 10);
+}
+
+TEST_CASE("plan_launch rejects other block shapes", "[cuda][plan]") {
+  const AttentionShape shape = make_shape(RaggedLengths::uniform(2, 300, 300), 4, 2, 64, 64);
+  for (const BlockShape block : {BlockShape{64, 64}, BlockShape{128, 128}, BlockShape{64, 128}, BlockShape{256, 64}}) {
+    const BlockMask bm = build_block_mask(CausalMask{}, shape.lengths, 4, block);
+    const DeviceMaskLayout dl = build_device_mask_layout(bm);  // any shape flattens
+    CHECK(dl.block.q == block.q);
+    CHECK(dl.block.kv == block.kv);
+    const std::string got = detail::concat("(", block.q, ", ", block.kv, ")");
+    CHECK_THROWS_AS(plan_launch(shape, dl, {}, 132), seqattn::invalid_argument);
+    CHECK_THROWS_WITH(plan_launch(shape, dl, {}, 132), ContainsSubstring(got) && ContainsSubstring("(128, 64)"));
+  }
+  const BlockMask ok = build_block_mask(CausalMask{}, shape.lengths, 4, kCudaBlock);
+  CHECK_NOTHROW(plan_launch(shape, build_device_mask_layout(ok), {}, 132));
+}
+
+TEST_CASE("plan_launch: a device mask built for other sequences is refused", "[cuda][plan]") {
+  const BlockMask bm = build_block_mask(CausalMask{}, RaggedLengths::uniform(1, 100, 100), 1, kCudaBlock);
+  const DeviceMaskLayout dl = build_device_mask_layout(bm);
+  const AttentionShape two = make_shape(RaggedLengths::uniform(2, 300, 300), 1, 1, 64, 64);
+  CHECK_THROWS_WITH(plan_launch(two, dl, {}, 132), ContainsSubstring("other lengths"));
+  const AttentionShape longer = make_shape(RaggedLengths::uniform(1, 100, 101), 1, 1, 64, 64);
+  CHECK_THROWS_WITH(plan_launch(longer, dl, {}, 132), ContainsSubstring("other lengths"));
+  CHECK_NOTHROW(plan_launch(make_shape(RaggedLengths::uniform(1, 100, 100), 1, 1, 64, 64), dl, {}, 132));
+}

@@ -163,8 +163,13 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < cases.size(); ++i) {
       if (!only.empty() && cases[i].name.find(only) == std::string::npos) continue;
       const Row r = run_case(cases[i], iters);
-      std::printf("| %s | %.3f | %.1f | %.2f | %.0f | %.2f | %s |\n", r.name.c_str(), r.ms, r.tflops, r.tflops / peak,
-                  r.gbps, r.gbps / bw, r.plan.c_str());
+      if (limits) {
+        std::printf("| %s | %.3f | %.1f | %.2f | %.0f | %.2f | %s |\n", r.name.c_str(), r.ms, r.tflops, r.tflops / peak,
+                    r.gbps, r.gbps / bw, r.plan.c_str());
+      } else {
+        std::printf("| %s | %.3f | %.1f | - | %.0f | - | %s |\n", r.name.c_str(), r.ms, r.tflops, r.gbps,
+                    r.plan.c_str());
+      }
       out += std::string(i ? ", " : "") + "{\"shape\": \"" + r.name +
              "\", \"impl\": \"seqattn-cuda\", \"ms\": " + std::to_string(r.ms) +
              ", \"tflops\": " + std::to_string(r.tflops) + ", \"gbps\": " + std::to_string(r.gbps) + ", \"note\": \"" +

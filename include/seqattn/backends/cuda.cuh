@@ -20,6 +20,8 @@
 // call through an event, so one plan may be used from several streams.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <cuda_runtime.h>
@@ -129,6 +131,9 @@ struct DevicePlan {
   std::vector<std::int32_t> pages_held;
   std::mutex call_mutex;
   cudaEvent_t last_call = nullptr;
+  cudaStream_t last_stream = nullptr;
+  std::uint64_t calls = 0;
+  std::array<const void*, 5> pointers_checked{};  // q, k, v, out, lse last found on this device
 
   DevicePlan() = default;
   DevicePlan(const DevicePlan&) = delete;
@@ -216,6 +221,21 @@ inline void require_row_layout(const seqattn::detail::TensorStrides& s, const vo
                            s.token, " and ", s.head, ") and a 16-byte aligned base pointer");
 }
 
+// Raises a kernel's dynamic shared memory limit once per device (the
+// attribute is per device; setting it costs a driver call).
+// One flag set per kernel (not per kernel type: every instantiation has the
+// same signature).
+template <auto kKernel>
+void allow_shared_memory(int bytes, const char* what) {
+  static std::atomic<std::uint64_t> done_devices{0};
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const std::uint64_t bit = device < 64 ? std::uint64_t{1} << device : 0;
+  if (bit != 0 && (done_devices.load(std::memory_order_acquire) & bit)) return;
+  check(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  done_devices.fetch_or(bit, std::memory_order_acq_rel);
+}
+
 template <class T, int D, bool kScoreMod>
 void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(lp.items.size()), static_cast<unsigned>(lp.head_groups),
@@ -224,8 +244,7 @@ void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_
     if (lp.decode) {
       auto* kernel = &decode_kernel<T, D, kScoreMod>;
       constexpr int kSmem = DecodeConfig<D>::kSmemBytes;
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-            "cudaFuncSetAttribute(decode_kernel)");
+      allow_shared_memory<&decode_kernel<T, D, kScoreMod>>(kSmem, "cudaFuncSetAttribute(decode_kernel)");
       kernel<<<grid, kDecodeThreads, kSmem, stream>>>(p);
       check(cudaGetLastError(), "decode_kernel launch");
     }
@@ -233,8 +252,7 @@ void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_
   if (!lp.decode) {
     using Cfg = KernelConfig<D>;
     auto* kernel = &forward_kernel<T, D, kScoreMod>;
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
-          "cudaFuncSetAttribute(forward_kernel)");
+    allow_shared_memory<&forward_kernel<T, D, kScoreMod>>(Cfg::kSmemBytes, "cudaFuncSetAttribute(forward_kernel)");
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
     check(cudaGetLastError(), "forward_kernel launch");
   }
@@ -345,11 +363,20 @@ struct Cuda {
     cuda::check(cudaGetDevice(&device), "cudaGetDevice");
     detail::require(device == d.device, "attention_forward (Cuda): the plan was made on device ", d.device,
                     " but device ", device, " is current");
-    cuda::detail::require_device_pointer(pr.q, "q", d.device);
-    cuda::detail::require_device_pointer(pr.k, "k", d.device);
-    cuda::detail::require_device_pointer(pr.v, "v", d.device);
-    cuda::detail::require_device_pointer(pr.out, "out", d.device);
-    cuda::detail::require_device_pointer(pr.lse, "lse", d.device);
+    {
+      // cudaPointerGetAttributes costs about a microsecond each: decode
+      // steps that reuse their buffers check them once.
+      const std::array<const void*, 5> ptrs{pr.q, pr.k, pr.v, pr.out, pr.lse};
+      std::lock_guard lock(d.call_mutex);
+      if (ptrs != d.pointers_checked) {
+        cuda::detail::require_device_pointer(pr.q, "q", d.device);
+        cuda::detail::require_device_pointer(pr.k, "k", d.device);
+        cuda::detail::require_device_pointer(pr.v, "v", d.device);
+        cuda::detail::require_device_pointer(pr.out, "out", d.device);
+        cuda::detail::require_device_pointer(pr.lse, "lse", d.device);
+        d.pointers_checked = ptrs;
+      }
+    }
     cuda::detail::require_row_layout(pr.q_strides, pr.q, "q");
     cuda::detail::require_row_layout(pr.k_strides, pr.k, "k");
     cuda::detail::require_row_layout(pr.v_strides, pr.v, "v");
@@ -428,7 +455,11 @@ struct Cuda {
       }
     }
     std::lock_guard lock(d.call_mutex);
-    cuda::check(cudaStreamWaitEvent(stream, d.last_call, 0), "cudaStreamWaitEvent");
+    // Calls on one stream are ordered already; another stream waits for the
+    // previous call before its uploads overwrite the plan's buffers.
+    if (d.calls > 0 && stream != d.last_stream) {
+      cuda::check(cudaStreamWaitEvent(stream, d.last_call, 0), "cudaStreamWaitEvent");
+    }
     upload_if_changed(d.sequences.data(), std::span<const cuda::detail::DeviceSequence>(seqs), d.sequences_held, stream,
                       "cudaMemcpyAsync(sequences)");
     if (!variant.sinks.empty()) {
@@ -467,6 +498,8 @@ struct Cuda {
       }
     }
     cuda::check(cudaEventRecord(d.last_call, stream), "cudaEventRecord");
+    d.last_stream = stream;
+    ++d.calls;
   }
 };
 

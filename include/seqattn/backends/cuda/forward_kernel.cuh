@@ -17,8 +17,9 @@
 // read one 64-bit word of deduplicated tile bits per row.
 // Defaults measured on an NVIDIA H100 80GB HBM3 (sm_90).
 //
-// The kernel is a sequence of named steps: load_tile (cp.async, zero-filled
-// past the ends), warp_scores (S = Q K^T), score_and_mask (variant + mask),
+// The kernels are sequences of named steps: cta_task (which rows and which
+// slice of the mask row), load_q / load_kv (cp.async, zero-filled past the
+// ends; paged K/V through the page list), warp_scores (S = Q K^T), score_and_mask (variant + mask),
 // online_softmax (running max and sum, rescale of the output), warp_accumulate
 // (O += P V with P kept in registers), and the epilogue (normalize, sinks,
 // LSE, or a partial result for the split merge).
@@ -209,9 +210,6 @@ __device__ __forceinline__ RowId row_id(const ForwardParams<T>& p, int row, int 
   return {q, head, q < q_len && q < q_begin + p.queries_per_cta};
 }
 
-// load_tile: `rows` rows of D elements into swizzled shared memory with
-// cp.async; `src(row)` gives a row's global address (null: zero row) and
-// columns at or past `cols` are zero.
 // load_kv_tile: kKeys rows of K or V (keys key0 + row of one kv head) into
 // a swizzled stage with kThreads threads. Each thread keeps one 16-byte
 // column chunk, so its shared address and global pointer advance by a fixed
@@ -247,15 +245,59 @@ __device__ __forceinline__ void load_kv_tile(T* stage, const T* row0_ptr, long l
   }
 }
 
-template <int D, class T, class RowSrc>
-__device__ __forceinline__ void load_tile(T* smem, int rows, int cols, const T* any_valid, RowSrc src) {
-  constexpr int kChunksPerRow = D / 8;
-  for (int c = threadIdx.x; c < rows * kChunksPerRow; c += KernelConfig<D>::kThreads) {
-    const int row = c / kChunksPerRow, chunk = c % kChunksPerRow;
-    const T* row_ptr = src(row);
-    const bool ok = row_ptr != nullptr && chunk * 8 < cols;
-    cp_async_16(smem + swizzle<D>(row, chunk * 8), ok ? row_ptr + chunk * 8 : any_valid, ok ? 16 : 0);
+// What one CTA computes: its sequence, queries, kv head and the slice of its
+// mask row's entries that its KV split covers.
+struct CtaTask {
+  const DeviceSequence* seq;
+  int head_group, split;
+  int q_begin, q_len, kv_len, q_block, kv_head;
+  int e_begin, e_end;  // entries [e_begin, e_end)
+};
+
+template <class T>
+__device__ __forceinline__ CtaTask cta_task(const ForwardParams<T>& p) {
+  CtaTask c;
+  const int2 item = p.items[blockIdx.x];
+  c.seq = &p.sequences[item.x];
+  c.head_group = blockIdx.y;
+  c.split = blockIdx.z;
+  c.q_begin = item.y;
+  c.q_len = c.seq->q_len;
+  c.kv_len = c.seq->kv_len;
+  c.q_block = c.q_begin / kRows;
+  c.kv_head = c.head_group * p.heads_per_cta / p.group;
+  const long long mask_row =
+      c.seq->mask_row + static_cast<long long>(p.mask_heads > 1 ? c.head_group : 0) * ((c.q_len + kRows - 1) / kRows) +
+      c.q_block;
+  const int row_begin = p.row_offsets[mask_row], n_row = p.row_offsets[mask_row + 1] - row_begin;
+  c.e_begin = row_begin + static_cast<int>(static_cast<long long>(n_row) * c.split / p.kv_splits);
+  c.e_end = row_begin + static_cast<int>(static_cast<long long>(n_row) * (c.split + 1) / p.kv_splits);
+  return c;
+}
+
+// load_q: the CTA's first `rows` score rows of Q (zero rows past the end).
+template <int D, int kThreads, class T>
+__device__ __forceinline__ void load_q(T* q_smem, int rows, const ForwardParams<T>& p, const CtaTask& c) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    const RowId r = row_id(p, row, c.q_begin, c.q_len, c.head_group);
+    const bool ok = r.valid && chunk * 8 < p.dk;
+    const T* src = ok ? p.q + c.seq->q_base + r.q * p.q_token_stride + r.head * p.q_head_stride + chunk * 8 : p.q;
+    cp_async_16(q_smem + swizzle<D>(row, chunk * 8), src, ok ? 16 : 0);
   }
+}
+
+// load_kv: the K and V tiles of mask entry `entry` into one stage.
+template <int D, int kThreads, class T>
+__device__ __forceinline__ void load_kv(T* k_stage, T* v_stage, int entry, const ForwardParams<T>& p,
+                                        const CtaTask& c) {
+  const int key0 = p.entries[entry].x * kKeys;
+  const int* pages = p.pages ? p.pages + c.seq->page_list : nullptr;
+  load_kv_tile<D, kThreads>(k_stage, p.k + c.seq->k_base + c.kv_head * p.k_head_stride, p.k_token_stride, key0,
+                            c.kv_len, p.dk, p.k, pages, p.page_size, p.k_page_stride);
+  load_kv_tile<D, kThreads>(v_stage, p.v + c.seq->v_base + c.kv_head * p.v_head_stride, p.v_token_stride, key0,
+                            c.kv_len, p.dv, p.v, pages, p.page_size, p.v_page_stride);
 }
 
 // score_mod_slice: one m16 x 64 slice of scores (C fragments, rows
@@ -328,8 +370,6 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(c
   T* v_smem = k_smem + Cfg::kStages * kKeys * D;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int2 item = p.items[blockIdx.x];
-  const int head_group = blockIdx.y, split = blockIdx.z;
   // Per-thread ldmatrix addresses (see frag_offset): Q rows of each slice,
   // K rows of 16-key group 0, V rows of 16-key group 0.
   uint32_t q_frag[kS];
@@ -338,21 +378,12 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(c
     q_frag[t] = smem_addr(q_smem) + frag_offset<D>(warp * 16 * kS + t * 16 + lane % 16, lane / 16);
   const uint32_t k_frag = frag_offset<D>((lane / 16) * 8 + lane % 8, (lane / 8) % 2);
   const uint32_t v_frag = frag_offset<D>(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
-  // Read in place (not copied to registers): most fields serve only the
-  // loads or the epilogue, and registers are the scarce resource here.
-  const DeviceSequence& seq = p.sequences[item.x];
-  const int q_begin = item.y, q_len = seq.q_len, kv_len = seq.kv_len;
-  const int q_block = q_begin / kRows;
-  const int kv_head = head_group * p.heads_per_cta / p.group;
-
-  // The mask row of this CTA and this split's slice of its entries.
-  const long long mask_row = seq.mask_row +
-                             static_cast<long long>(p.mask_heads > 1 ? head_group : 0) * ((q_len + kRows - 1) / kRows) +
-                             q_block;
-  const int row_begin = p.row_offsets[mask_row], row_end = p.row_offsets[mask_row + 1];
-  const int n_row = row_end - row_begin;
-  const int e_begin = row_begin + static_cast<int>(static_cast<long long>(n_row) * split / p.kv_splits);
-  const int e_end = row_begin + static_cast<int>(static_cast<long long>(n_row) * (split + 1) / p.kv_splits);
+  // The sequence is read in place (not copied to registers): most fields
+  // serve only the loads or the epilogue, and registers are scarce here.
+  const CtaTask task = cta_task(p);
+  const DeviceSequence& seq = *task.seq;
+  const int head_group = task.head_group, split = task.split, q_begin = task.q_begin, q_len = task.q_len,
+            kv_len = task.kv_len, q_block = task.q_block, e_begin = task.e_begin, e_end = task.e_end;
 
   // Score rows of this thread: slice t, half i is row warp*16*kS + t*16 + lane/4 + 8*i.
   const int warp_row0 = warp * 16 * kS;
@@ -361,19 +392,11 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(c
   const bool warp_active = warp_row0 < valid_rows;
 
   // ---- load Q and the first K/V tile.
-  load_tile<D>(q_smem, kRows, p.dk, p.q, [&](int row) -> const T* {
-    const RowId r = row_id(p, row, q_begin, q_len, head_group);
-    return r.valid ? p.q + seq.q_base + r.q * p.q_token_stride + r.head * p.q_head_stride : nullptr;
-  });
-  auto load_kv = [&](int entry, int stage) {
-    const int key0 = p.entries[entry].x * kKeys;
-    const int* pages = p.pages ? p.pages + seq.page_list : nullptr;
-    load_kv_tile<D, Cfg::kThreads>(k_smem + stage * kKeys * D, p.k + seq.k_base + kv_head * p.k_head_stride,
-                                   p.k_token_stride, key0, kv_len, p.dk, p.k, pages, p.page_size, p.k_page_stride);
-    load_kv_tile<D, Cfg::kThreads>(v_smem + stage * kKeys * D, p.v + seq.v_base + kv_head * p.v_head_stride,
-                                   p.v_token_stride, key0, kv_len, p.dv, p.v, pages, p.page_size, p.v_page_stride);
+  load_q<D, Cfg::kThreads>(q_smem, kRows, p, task);
+  auto load_kv_stage = [&](int entry, int stage) {
+    load_kv<D, Cfg::kThreads>(k_smem + stage * kKeys * D, v_smem + stage * kKeys * D, entry, p, task);
   };
-  if (e_begin < e_end) load_kv(e_begin, 0);
+  if (e_begin < e_end) load_kv_stage(e_begin, 0);
   cp_async_commit();
 
   float o[kS][D / 8][4] = {};
@@ -393,7 +416,7 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(c
   for (int e = e_begin; e < e_end; ++e) {
     const int stage = Cfg::kStages == 2 ? (e - e_begin) & 1 : 0;
     if constexpr (Cfg::kStages == 2) {
-      if (e + 1 < e_end) load_kv(e + 1, stage ^ 1);
+      if (e + 1 < e_end) load_kv_stage(e + 1, stage ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -505,7 +528,7 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(c
     }
     __syncthreads();  // the stage is overwritten next
     if constexpr (Cfg::kStages == 1) {
-      if (e + 1 < e_end) load_kv(e + 1, 0);
+      if (e + 1 < e_end) load_kv_stage(e + 1, 0);
       cp_async_commit();
     }
   }
@@ -609,46 +632,18 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Forward
   T* v_smem = k_smem + kStages * kKeys * D;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int2 item = p.items[blockIdx.x];
-  const int head_group = blockIdx.y, split = blockIdx.z;
-  const DeviceSequence& seq = p.sequences[item.x];
-  const int q_begin = item.y, q_len = seq.q_len, kv_len = seq.kv_len;
-  const int q_block = q_begin / kRows;
-  const int kv_head = head_group * p.heads_per_cta / p.group;
-  const long long mask_row = seq.mask_row +
-                             static_cast<long long>(p.mask_heads > 1 ? head_group : 0) * ((q_len + kRows - 1) / kRows) +
-                             q_block;
-  const int row_begin = p.row_offsets[mask_row], n_row = p.row_offsets[mask_row + 1] - row_begin;
-  const int e_begin = row_begin + static_cast<int>(static_cast<long long>(n_row) * split / p.kv_splits);
-  const int e_end = row_begin + static_cast<int>(static_cast<long long>(n_row) * (split + 1) / p.kv_splits);
-
-  auto load_tile_rows = [&](T* dst, int rows, int cols, const T* any, auto src) {
-    constexpr int kChunksPerRow = D / 8;
-    for (int c = threadIdx.x; c < rows * kChunksPerRow; c += kDecodeThreads) {
-      const int row = c / kChunksPerRow, chunk = c % kChunksPerRow;
-      const T* row_ptr = src(row);
-      const bool ok = row_ptr != nullptr && chunk * 8 < cols;
-      cp_async_16(dst + swizzle<D>(row, chunk * 8), ok ? row_ptr + chunk * 8 : any, ok ? 16 : 0);
-    }
-  };
-  load_tile_rows(q_smem, 16, p.dk, p.q, [&](int row) -> const T* {
-    const RowId r = row_id(p, row, q_begin, q_len, head_group);
-    return r.valid ? p.q + seq.q_base + r.q * p.q_token_stride + r.head * p.q_head_stride : nullptr;
-  });
-  const T* k_rows = p.k + seq.k_base + kv_head * p.k_head_stride;
-  const T* v_rows = p.v + seq.v_base + kv_head * p.v_head_stride;
-  const int* pages = p.pages ? p.pages + seq.page_list : nullptr;
-  auto load_kv = [&](int entry, int stage) {
-    const int key0 = p.entries[entry].x * kKeys;
-    load_kv_tile<D, kDecodeThreads>(k_smem + stage * kKeys * D, k_rows, p.k_token_stride, key0, kv_len, p.dk, p.k,
-                                    pages, p.page_size, p.k_page_stride);
-    load_kv_tile<D, kDecodeThreads>(v_smem + stage * kKeys * D, v_rows, p.v_token_stride, key0, kv_len, p.dv, p.v,
-                                    pages, p.page_size, p.v_page_stride);
+  const CtaTask task = cta_task(p);
+  const DeviceSequence& seq = *task.seq;
+  const int head_group = task.head_group, split = task.split, q_begin = task.q_begin, q_len = task.q_len,
+            kv_len = task.kv_len, q_block = task.q_block, e_begin = task.e_begin, e_end = task.e_end;
+  load_q<D, kDecodeThreads>(q_smem, 16, p, task);
+  auto load_kv_stage = [&](int entry, int stage) {
+    load_kv<D, kDecodeThreads>(k_smem + stage * kKeys * D, v_smem + stage * kKeys * D, entry, p, task);
   };
   // Prologue: kStages - 1 tiles in flight (Q rides with the first).
 #pragma unroll
   for (int j = 0; j < kStages - 1; ++j) {
-    if (e_begin + j < e_end) load_kv(e_begin + j, j);
+    if (e_begin + j < e_end) load_kv_stage(e_begin + j, j);
     cp_async_commit();
   }
 
@@ -660,7 +655,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Forward
 
   for (int e = e_begin; e < e_end; ++e) {
     const int it = e - e_begin, stage = it % kStages;
-    if (e + kStages - 1 < e_end) load_kv(e + kStages - 1, (it + kStages - 1) % kStages);
+    if (e + kStages - 1 < e_end) load_kv_stage(e + kStages - 1, (it + kStages - 1) % kStages);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncthreads();

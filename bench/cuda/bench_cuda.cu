@@ -2,7 +2,7 @@
 // GPU's own limits measured in the same run: cuBLAS bf16 GEMM (8192^3) for the
 // dense tensor-core rate and a device-to-device copy for HBM bandwidth.
 //
-//   bench_cuda [--json FILE] [--iters N] [--shapes SUBSTRING] [--no-limits]
+//   bench_cuda [--json FILE] [--iters N] [--shapes SUBSTRING] [--kv-splits N] [--no-limits]
 //
 // Useful FLOPs = 4 * d * allowed (q, k) pairs * heads * batch, counted from
 // the mask (masked tiles the kernel skips are not credited). Decode GB/s
@@ -90,7 +90,7 @@ struct Row {
   std::string plan;
 };
 
-Row run_case(const Case& c, int iters) {
+Row run_case(const Case& c, int iters, const PlanOptions& options) {
   const index_t d = 128;
   const std::size_t nq = std::size_t(c.batch * c.q_len * c.heads * d),
                     nkv = std::size_t(c.batch * c.kv_len * c.kv_heads * d);
@@ -109,7 +109,7 @@ Row run_case(const Case& c, int iters) {
   for (index_t b = 0; b < c.batch; ++b)
     for (index_t t = 0; t < c.q_len; ++t) ids.push_back(static_cast<std::int32_t>(t / 512));
   auto run_with = [&](const auto& mask) {
-    const auto plan = plan_attention<backends::Cuda>(shape, mask);
+    const auto plan = plan_attention<backends::Cuda>(shape, mask, options);
     const cuda::LaunchPlan& lp = plan.work().device->launch;
     const std::string desc = "grid " + std::to_string(lp.items.size()) + "x" + std::to_string(lp.head_groups) + "x" +
                              std::to_string(lp.kv_splits) + ", heads/cta " + std::to_string(lp.heads_per_cta);
@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
   std::string json, only;
   int iters = 20;
   bool limits = true;
+  PlanOptions options;  // --kv-splits N: force the split count (0: the planner's choice)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc)
       json = argv[++i];
@@ -139,6 +140,8 @@ int main(int argc, char** argv) {
       iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc)
       only = argv[++i];
+    else if (!std::strcmp(argv[i], "--kv-splits") && i + 1 < argc)
+      options.kv_splits = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--no-limits"))
       limits = false;
   }
@@ -162,7 +165,7 @@ int main(int argc, char** argv) {
     std::printf("| shape | ms | TFLOP/s | of GEMM | GB/s | of copy | plan |\n|---|---|---|---|---|---|---|\n");
     for (std::size_t i = 0; i < cases.size(); ++i) {
       if (!only.empty() && cases[i].name.find(only) == std::string::npos) continue;
-      const Row r = run_case(cases[i], iters);
+      const Row r = run_case(cases[i], iters, options);
       if (limits) {
         std::printf("| %s | %.3f | %.1f | %.2f | %.0f | %.2f | %s |\n", r.name.c_str(), r.ms, r.tflops, r.tflops / peak,
                     r.gbps, r.gbps / bw, r.plan.c_str());

@@ -559,14 +559,14 @@ void check_plan(const AttentionShape& shape, const BlockMask& bm, const PlanOpti
   } else {
     CHECK(plan.kv_splits >= 1);
     CHECK(plan.kv_splits <= cuda::kMaxKvSplits);
-    if (ctas == 0 || ctas >= num_sms || max_tiles < 8) {
+    if (ctas == 0 || ctas >= num_sms || max_tiles < 2 * cuda::kMinTilesPerSplit) {
       CHECK(plan.kv_splits == 1);
     } else {
-      // Enough splits to fill about two waves, never fewer than 4 tiles a split.
-      const index_t two_waves = (2 * num_sms + ctas - 1) / ctas;
+      // Up to four CTAs per SM, never fewer than kMinTilesPerSplit tiles a split.
+      const index_t four_per_sm = (4 * num_sms + ctas - 1) / ctas;
       CHECK(plan.kv_splits > 1);
-      CHECK(plan.kv_splits * 4 <= max_tiles);
-      CHECK(plan.kv_splits == std::min({two_waves, max_tiles / 4, cuda::kMaxKvSplits}));
+      CHECK(plan.kv_splits * cuda::kMinTilesPerSplit <= max_tiles);
+      CHECK(plan.kv_splits == std::min({four_per_sm, max_tiles / cuda::kMinTilesPerSplit, cuda::kMaxKvSplits}));
     }
   }
   CHECK(plan.ctas() == ctas * plan.kv_splits);
@@ -623,16 +623,16 @@ TEST_CASE("plan_launch: decode packs GQA heads and splits the KV", "[cuda][plan]
   REQUIRE(plan.items.size() == 1);
   CHECK(plan.items[0] == cuda::WorkItem{0, 0});
   CHECK(plan.kv_splits > 1);
-  CHECK(plan.kv_splits == 66);  // two waves of 132 SMs over 4 CTAs; 512 / 4 tiles allow it
-  CHECK(plan.ctas() == 4 * 66);
+  CHECK(plan.kv_splits == 32);  // 512 tiles / 16 a split (four CTAs per SM would allow 132)
+  CHECK(plan.ctas() == 4 * 32);
   CHECK(plan.q_tokens == 1);
-  CHECK(plan.workspace_out_elems(32, 128) == 66 * 32 * 128);
-  CHECK(plan.workspace_lse_elems(32) == 66 * 32);
+  CHECK(plan.workspace_out_elems(32, 128) == 32 * 32 * 128);
+  CHECK(plan.workspace_lse_elems(32) == 32 * 32);
   check_plan(shape, bm, {}, 132, plan);
   // Splits only while the grid leaves SMs idle: 4 CTAs fill 4 SMs.
   CHECK(plan_launch(shape, dl, {}, 4).kv_splits == 1);
   CHECK(plan_launch(shape, dl, {}, 3).kv_splits == 1);
-  CHECK(plan_launch(shape, dl, {}, 5).kv_splits == 3);  // ceil(10 / 4)
+  CHECK(plan_launch(shape, dl, {}, 5).kv_splits == 5);  // ceil(20 / 4)
   for (index_t sms : {1, 3, 4, 5, 64, 1000}) check_plan(shape, bm, {}, sms, plan_launch(shape, dl, {}, sms));
 
   // A head-varying mask cannot share tiles between heads: no packing.
@@ -642,16 +642,16 @@ TEST_CASE("plan_launch: decode packs GQA heads and splits the KV", "[cuda][plan]
   const LaunchPlan unpacked = plan_launch(shape, build_device_mask_layout(per_head), {}, 132);
   CHECK(unpacked.heads_per_cta == 1);
   CHECK(unpacked.head_groups == 32);
-  CHECK(unpacked.kv_splits == 9);  // ceil(264 / 32)
+  CHECK(unpacked.kv_splits == 17);  // ceil(528 / 32)
   check_plan(shape, per_head, {}, 132, unpacked);
 
-  // Too few tiles to split (fewer than 8 a row): one split.
-  const AttentionShape short_kv = make_shape(RaggedLengths::uniform(1, 1, 7 * 64), 32, 4, 64, 64);
+  // Too few tiles to split (fewer than 32 a row): one split.
+  const AttentionShape short_kv = make_shape(RaggedLengths::uniform(1, 1, 31 * 64), 32, 4, 64, 64);
   const BlockMask bm7 = build_block_mask(CausalMask{Alignment::bottom_right}, short_kv.lengths, 32, kCudaBlock);
   const LaunchPlan p7 = plan_launch(short_kv, build_device_mask_layout(bm7), {}, 132);
   CHECK(p7.kv_splits == 1);
   CHECK(p7.workspace_out_elems(32, 64) == 0);
-  const AttentionShape eight = make_shape(RaggedLengths::uniform(1, 1, 8 * 64), 32, 4, 64, 64);
+  const AttentionShape eight = make_shape(RaggedLengths::uniform(1, 1, 32 * 64), 32, 4, 64, 64);
   const BlockMask bm8 = build_block_mask(CausalMask{Alignment::bottom_right}, eight.lengths, 32, kCudaBlock);
   CHECK(plan_launch(eight, build_device_mask_layout(bm8), {}, 132).kv_splits == 2);
 }

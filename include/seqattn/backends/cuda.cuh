@@ -6,18 +6,24 @@
 //
 // The inputs are the usual AttentionInputs / TensorViews, over device memory
 // (bf16 or fp16; seqattn::bfloat16 / seqattn::float16 are layout-compatible
-// with __nv_bfloat16 / __half). The call is asynchronous on the given stream;
-// with execution::Serial it runs on the default stream and waits. Planning
+// with __nv_bfloat16 / __half); THD segment tables stay on the host. Paged
+// K/V: PagedAttentionInputs with device pages and a host block table and
+// lengths (validated on the host like the CPU path, then uploaded as one page
+// list). The call is asynchronous on the given stream; with
+// execution::Serial it runs on the default stream and waits. Planning
 // uploads the BlockMask (tile lists, full/partial flags, deduplicated tile
-// bits) and allocates the split workspace once; a call allocates nothing.
+// bits) and allocates the split workspace once; a call allocates nothing
+// (the page list's buffer grows once to the largest cache seen).
 //
 // Variants with a device form: Default, Scale, Softcap, Sinks, Alibi, Standard
 // and Chains of them (softcap before ALiBi). Host-function variants (Bias,
 // ScoreMod) have no device form and are rejected at compile time.
 //
-// Calls that reuse one plan are ordered on the GPU: each call's small
-// per-call upload (sequence offsets, sinks, slopes) waits for the previous
-// call through an event, so one plan may be used from several streams.
+// Calls that reuse one plan are ordered on the GPU: a call's small uploads
+// (sequence offsets, sinks, slopes, page list; skipped when unchanged) go
+// into plan-owned buffers, and a call on another stream than the previous
+// one first waits for it through an event, so one plan may serve several
+// streams.
 #pragma once
 
 #include <array>

@@ -135,6 +135,9 @@ struct DevicePlan {
   std::vector<float> sinks_held, slopes_held;
   DeviceBuffer<std::int32_t> pages;  // paged K/V: the pages of every sequence, in order
   std::vector<std::int32_t> pages_held;
+  // Host staging of a call's uploads, reused across calls.
+  std::vector<detail::DeviceSequence> sequences_staged;
+  std::vector<std::int32_t> pages_staged;
   std::mutex call_mutex;
   cudaEvent_t last_call = nullptr;
   cudaStream_t last_stream = nullptr;
@@ -369,19 +372,18 @@ struct Cuda {
     cuda::check(cudaGetDevice(&device), "cudaGetDevice");
     detail::require(device == d.device, "attention_forward (Cuda): the plan was made on device ", d.device,
                     " but device ", device, " is current");
-    {
-      // cudaPointerGetAttributes costs about a microsecond each: decode
-      // steps that reuse their buffers check them once.
-      const std::array<const void*, 5> ptrs{pr.q, pr.k, pr.v, pr.out, pr.lse};
-      std::lock_guard lock(d.call_mutex);
-      if (ptrs != d.pointers_checked) {
-        cuda::detail::require_device_pointer(pr.q, "q", d.device);
-        cuda::detail::require_device_pointer(pr.k, "k", d.device);
-        cuda::detail::require_device_pointer(pr.v, "v", d.device);
-        cuda::detail::require_device_pointer(pr.out, "out", d.device);
-        cuda::detail::require_device_pointer(pr.lse, "lse", d.device);
-        d.pointers_checked = ptrs;
-      }
+    // One call at a time touches the plan's host-side state and buffers.
+    std::lock_guard lock(d.call_mutex);
+    // cudaPointerGetAttributes costs about a microsecond each: decode steps
+    // that reuse their buffers check them once.
+    const std::array<const void*, 5> ptrs{pr.q, pr.k, pr.v, pr.out, pr.lse};
+    if (ptrs != d.pointers_checked) {
+      cuda::detail::require_device_pointer(pr.q, "q", d.device);
+      cuda::detail::require_device_pointer(pr.k, "k", d.device);
+      cuda::detail::require_device_pointer(pr.v, "v", d.device);
+      cuda::detail::require_device_pointer(pr.out, "out", d.device);
+      cuda::detail::require_device_pointer(pr.lse, "lse", d.device);
+      d.pointers_checked = ptrs;
     }
     cuda::detail::require_row_layout(pr.q_strides, pr.q, "q");
     cuda::detail::require_row_layout(pr.k_strides, pr.k, "k");
@@ -440,9 +442,12 @@ struct Cuda {
     p.q_tokens = lp.q_tokens;
 
     // Paged K/V: the pages each sequence reads, gathered from the (host,
-    // already validated) block table into one list.
-    std::vector<std::int32_t> pages;
-    std::vector<cuda::detail::DeviceSequence> seqs(pr.sequences.size());
+    // already validated) block table into one list. Both lists live in the
+    // plan, so a reused plan allocates nothing here after its first call.
+    std::vector<std::int32_t>& pages = d.pages_staged;
+    std::vector<cuda::detail::DeviceSequence>& seqs = d.sequences_staged;
+    pages.clear();
+    seqs.resize(pr.sequences.size());
     for (std::size_t b = 0; b < seqs.size(); ++b) {
       const detail::SequenceGeometry& g = pr.sequences[b];
       seqs[b] = {g.q_base,
@@ -460,7 +465,6 @@ struct Cuda {
         for (index_t i = 0; i < n; ++i) pages.push_back(g.pages[i * pr.paging.table_stride]);
       }
     }
-    std::lock_guard lock(d.call_mutex);
     // Calls on one stream are ordered already; another stream waits for the
     // previous call before its uploads overwrite the plan's buffers.
     if (d.calls > 0 && stream != d.last_stream) {

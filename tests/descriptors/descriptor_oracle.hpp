@@ -14,6 +14,14 @@
 
 namespace seqattn::testing {
 
+// Every AttnMaskType the descriptors accept, for tests that sweep them.
+inline constexpr AttnMaskType kAllMaskTypes[] = {AttnMaskType::no_mask,
+                                                 AttnMaskType::padding,
+                                                 AttnMaskType::causal,
+                                                 AttnMaskType::padding_causal,
+                                                 AttnMaskType::causal_bottom_right,
+                                                 AttnMaskType::padding_causal_bottom_right};
+
 inline Tensor<std::int32_t> make(const Extents& shape, std::initializer_list<int> values) {
   return Tensor<std::int32_t>(shape, std::vector<std::int32_t>(values.begin(), values.end()));
 }

@@ -19,13 +19,6 @@ using V = std::vector<int>;
 
 namespace {
 
-constexpr AttnMaskType kMasks[] = {AttnMaskType::no_mask,
-                                   AttnMaskType::padding,
-                                   AttnMaskType::causal,
-                                   AttnMaskType::padding_causal,
-                                   AttnMaskType::causal_bottom_right,
-                                   AttnMaskType::padding_causal_bottom_right};
-
 enum class PosMode { arange_per_segment, increasing, random };
 
 struct Batch {
@@ -204,7 +197,7 @@ TEST_CASE("THD descriptors equal the dense-mask oracle on random self-attention 
   for (int iter = 0; iter < 300; ++iter) {
     const PosMode mode = static_cast<PosMode>(iter % 3);
     const Batch b = random_batch(rng, mode, /*cross=*/false, /*extras=*/iter % 2 == 1);
-    check_against_oracle(b, kMasks[iter % 6], random_window(rng));
+    check_against_oracle(b, t::kAllMaskTypes[iter % 6], random_window(rng));
   }
 }
 
@@ -213,7 +206,7 @@ TEST_CASE("THD descriptors equal the dense-mask oracle on random cross-attention
   for (int iter = 0; iter < 600; ++iter) {
     const PosMode mode = static_cast<PosMode>(iter % 3);
     const Batch b = random_batch(rng, mode, /*cross=*/true, /*extras=*/iter % 3 != 0);
-    check_against_oracle(b, kMasks[(iter / 3) % 6], random_window(rng));
+    check_against_oracle(b, t::kAllMaskTypes[(iter / 3) % 6], random_window(rng));
   }
 }
 
@@ -224,7 +217,7 @@ TEST_CASE("Attention implied by the packed descriptor equals the dense reference
   // TYPE & SWA of §4.1 token for token.
   std::mt19937 rng(7);
   for (int iter = 0; iter < 400; ++iter) {
-    const AttnMaskType mask = kMasks[iter % 6];
+    const AttnMaskType mask = t::kAllMaskTypes[iter % 6];
     WindowSize window = random_window(rng);
     if (is_causal(mask) && window.right > 0 && iter % 2) window.right = -1;  // both mean "no extra right bound"
     const int m = std::uniform_int_distribution<int>(1, 4)(rng);
@@ -264,7 +257,7 @@ TEST_CASE("Attention implied by the packed descriptor equals the dense reference
 TEST_CASE("BSHD seqlens count non-padding tokens of right-padded rows, with extra dims") {
   std::mt19937 rng(5);
   for (int iter = 0; iter < 200; ++iter) {
-    const AttnMaskType mask = kMasks[iter % 6];
+    const AttnMaskType mask = t::kAllMaskTypes[iter % 6];
     const Extents extras = t::random_extras(rng);
     const index_t batch = std::uniform_int_distribution<int>(1, 3)(rng);
     const index_t len = std::uniform_int_distribution<int>(0, 12)(rng);
@@ -297,7 +290,7 @@ TEST_CASE("BSHD seqlens count non-padding tokens of right-padded rows, with extr
 TEST_CASE("Round trips: ids -> seqlens/offsets -> ids, and seqlens/offsets descriptors pack identically") {
   std::mt19937 rng(11);
   for (int iter = 0; iter < 200; ++iter) {
-    const AttnMaskType mask = kMasks[iter % 6];
+    const AttnMaskType mask = t::kAllMaskTypes[iter % 6];
     const int m = std::uniform_int_distribution<int>(1, 5)(rng);
     const Extents shape = t::random_extras(rng).concat(
         Extents{std::uniform_int_distribution<int>(1, 3)(rng), std::uniform_int_distribution<int>(0, 24)(rng)});
@@ -380,7 +373,7 @@ TEST_CASE("Strided (non-contiguous) inputs give the same descriptors as contiguo
   for (int iter = 0; iter < 200; ++iter) {
     const bool cross = iter % 2 == 1;
     const Batch b = random_batch(rng, PosMode::increasing, cross, /*extras=*/iter % 4 < 2);
-    const AttnMaskType mask = kMasks[iter % 6];
+    const AttnMaskType mask = t::kAllMaskTypes[iter % 6];
     CAPTURE(iter, to_string(mask), b.q_ids.shape(), b.q_pos.shape(), b.kv_ids.shape(), b.kv_pos.shape());
     const Strided q_ids(b.q_ids), q_pos(b.q_pos), kv_ids(b.kv_ids), kv_pos(b.kv_pos);
     const auto expected =
@@ -452,7 +445,7 @@ TEST_CASE("Long segments: block scans agree with the oracle across block boundar
     b.batch = Extents{1};
     b.m = m;
     b.self = true;
-    check_against_oracle(b, kMasks[iter % 6], {});
+    check_against_oracle(b, t::kAllMaskTypes[iter % 6], {});
     if (id >= 2 && std::count(ids.begin(), ids.end(), id) >= 3) {
       // Re-use id 1 somewhere inside the last segment: must be refused.
       V bad = ids;

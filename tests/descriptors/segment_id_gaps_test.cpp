@@ -20,13 +20,6 @@ using V = std::vector<int>;
 
 namespace {
 
-constexpr AttnMaskType kMasks[] = {AttnMaskType::no_mask,
-                                   AttnMaskType::padding,
-                                   AttnMaskType::causal,
-                                   AttnMaskType::padding_causal,
-                                   AttnMaskType::causal_bottom_right,
-                                   AttnMaskType::padding_causal_bottom_right};
-
 // A row of `len` tokens whose segments carry increasing ids in [1, m] with
 // random gaps: t::random_ids' 1, 2, 3, ... mapped through a random
 // increasing choice of ids.
@@ -126,7 +119,7 @@ TEST_CASE("segment id gaps: renumber equals TE's pipeline on random gapped rows,
   int gapped_rows = 0;
   for (int iter = 0; iter < 400; ++iter) {
     const bool cross = iter % 2 == 1;
-    const AttnMaskType mask = kMasks[iter % 6];
+    const AttnMaskType mask = t::kAllMaskTypes[iter % 6];
     const int m = std::uniform_int_distribution<int>(1, 6)(rng);
     const index_t rows = std::uniform_int_distribution<index_t>(1, 3)(rng);
     const index_t q_len = std::uniform_int_distribution<index_t>(0, 24)(rng);

@@ -5,7 +5,9 @@
 //   - memcpy bandwidth: bytes read + bytes written per second on buffers far
 //     larger than the last-level cache;
 //   - streaming read bandwidth: bytes read per second (what decode is bound by).
-// Each is taken with 1 thread and with all hardware threads.
+// Each is taken with 1 thread and with one thread per CPU this process may run
+// on (its affinity mask: `taskset -c 0,1` measures, and compares against, two
+// cores of a larger machine).
 #pragma once
 
 #include <algorithm>
@@ -18,6 +20,9 @@
 #include <vector>
 
 #include <hwy/highway.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 namespace seqattn::bench {
 
@@ -132,13 +137,24 @@ double run_on_threads(int threads, Fn fn) {
   return sum;
 }
 
+// CPUs in this process's affinity mask (hardware_concurrency counts every CPU
+// of the machine, also those taskset or a cgroup excludes).
+inline int usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 }  // namespace detail
 
 // Measures all limits; takes about 2 s.
 inline MachineLimits measure_machine_limits() {
   MachineLimits m;
   m.simd_target = hwy::TargetName(HWY_STATIC_TARGET);
-  m.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  m.threads = detail::usable_cpus();
   m.fma_gflops_1t = detail::fma_gflops_one_thread(0.3);
   m.fma_gflops_all = detail::run_on_threads(m.threads, [](int) { return detail::fma_gflops_one_thread(0.3); });
 

@@ -23,12 +23,14 @@
 // QK^T register block: kQkRowVecs row-vectors x kQkKeys keys.
 //   AVX3 (32 zmm): 4 x 6 = 24 accumulators + 4 Qt loads + 1 broadcast;
 //     per d step 4 loads + 6 broadcasts for 24 FMAs.
-//   16-register targets: 2 x 4. Few rows (<= 8, GQA-stacked decode): one
-//     half-width vector x 8 keys, so no lanes idle.
+//   16-register targets: 2 x 4. Few rows (<= 8, GQA-stacked decode), AVX3:
+//     ScoresRowPairs, lanes = 8 rows x 2 dims (see there); other 16-lane
+//     targets: one half-width vector x 8 keys, so no lanes idle.
 // P.V register block: kPvRows rows x kPvVecs head-dim vectors.
 //   AVX3: 6 x 4 = 24 accumulators; per key 4 V loads + 6 broadcasts for 24
 //     FMAs; the O block is loaded once per tile and rescaled by alpha then.
-//   16-register targets: 4 x 2.
+//   16-register targets: 4 x 2. Head-dim groups are the outer loop, so one
+//   group's V slice (16 KiB at AVX3) stays in L1 across the row blocks.
 // Traffic per 128 x 64 tile, d = 128, fp32: K and V tiles 32 KiB each (read
 // once per q-tile, from L2/L3 in prefill), Qt 64 KiB and O 64 KiB (L2, the
 // task's lifetime), St 32 KiB. 4.2 MFLOP per 64 KiB of K/V: 64 FLOP/byte,
@@ -66,6 +68,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "seqattn/core/bfloat16.hpp"
@@ -168,6 +171,25 @@ struct FlashKernel {
   }
 
   template <class DT, int kMaxVecs, int kKeys>
+  static HWY_INLINE void ScoresVecs(index_t vecs, const float* HWY_RESTRICT q, index_t dk, const float* const* krow,
+                                    int keys, float* HWY_RESTRICT s) {
+    switch (vecs) {
+      case 1:
+        ScoresBlock<DT, 1, kKeys>(q, dk, krow, keys, s);
+        break;
+      case 2:
+        ScoresBlock<DT, HWY_MIN(2, kMaxVecs), kKeys>(q, dk, krow, keys, s);
+        break;
+      case 3:
+        ScoresBlock<DT, HWY_MIN(3, kMaxVecs), kKeys>(q, dk, krow, keys, s);
+        break;
+      default:
+        ScoresBlock<DT, kMaxVecs, kKeys>(q, dk, krow, keys, s);
+        break;
+    }
+  }
+
+  template <class DT, int kMaxVecs, int kKeys>
   static HWY_INLINE void ScoresWith(const float* HWY_RESTRICT qt, index_t rows_p, index_t dk,
                                     const float* HWY_RESTRICT k, index_t k_stride, index_t cols,
                                     float* HWY_RESTRICT st) {
@@ -182,26 +204,110 @@ struct FlashKernel {
         for (int j = 0; j < kKeys; ++j) krow[j] = k + (j0 + std::min(j, keys - 1)) * k_stride;
         const float* q = qt + v0 * N;
         float* s = st + j0 * kBlockQ + v0 * N;
-        switch (vecs) {
-          case 1:
-            ScoresBlock<DT, 1, kKeys>(q, dk, krow, keys, s);
-            break;
-          case 2:
-            ScoresBlock<DT, HWY_MIN(2, kMaxVecs), kKeys>(q, dk, krow, keys, s);
-            break;
-          case 3:
-            ScoresBlock<DT, HWY_MIN(3, kMaxVecs), kKeys>(q, dk, krow, keys, s);
-            break;
-          default:
-            ScoresBlock<DT, kMaxVecs, kKeys>(q, dk, krow, keys, s);
-            break;
+        // 64 keys are 10 groups of 6 and 4 more: a 4-key block for those
+        // instead of 6 keys' work (11% of QK^T time at d = 128, Cascade Lake).
+        if (keys <= kKeys / 2 + 1 && keys < kKeys) {
+          ScoresVecs<DT, kMaxVecs, HWY_MAX(1, kKeys / 2 + 1)>(vecs, q, dk, krow, keys, s);
+        } else {
+          ScoresVecs<DT, kMaxVecs, kKeys>(vecs, q, dk, krow, keys, s);
         }
       }
     }
   }
 
+#if HWY_TARGET <= HWY_AVX3
+  // ---- Decode: 8 rows as 8 x 2 lanes (d even, d odd) ------------------------
+  // With 8 rows (a GQA group of 8, or fewer rows padded to 8) the loop above
+  // fills half a vector and issues one broadcast per K element. Here a lane
+  // holds (row, d parity): one 64-bit broadcast brings K[j][2i..2i+1] for all
+  // 16 lanes, so a K element costs half a broadcast and half an FMA; the two
+  // parities of a row are added once per key at the end.
+  // Register block: kPairKeys = 16 accumulators + 1 Q pair vector + 1
+  // broadcast. Per d pair: 1 Q load + 16 broadcasts (loads) for 16 FMAs.
+  // Q is interleaved into pairs once per call (dk/2 vectors: about 5% of
+  // the loop at dk = 128). Measured, 8 rows x 64 keys x d = 128 in cache, on
+  // the 2-vCPU Cascade Lake VM of tiled_forward.hpp: 1.5-2.0 us against
+  // 2.4-2.6 us for the half-width loop; 8 and 16 keys per block measured the
+  // same (16 keep more FMA chains in flight where pointers do not spill).
+  // End to end (bench/attention.cpp, GQA 32/4 fp32 decode over 32k keys, 2
+  // threads of a Sapphire Rapids VM, two rounds each): 9.2 / 14.1 ms against
+  // 16.3 / 16.8 ms.
+  static constexpr int kPairKeys = 16;
+  static constexpr index_t kPairMaxDk = 512;  // stack buffer of interleaved Q
+
+  // Row order of the interleaved Q vector (InterleaveLower/Upper work within
+  // 128-bit blocks): lane pair p holds row kPairRow[p].
+  static constexpr std::int32_t kPairRow[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+
+  static void ScoresRowPairs(const float* HWY_RESTRICT qt, index_t dk, const float* HWY_RESTRICT k, index_t k_stride,
+                             index_t cols, float* HWY_RESTRICT st) {
+    const D d;
+    const hn::Half<D> dh;
+    const hn::RebindToSigned<D> di;
+    const hn::Repartition<std::uint64_t, D> du64;
+    const index_t pairs = dk / 2, odd = dk % 2;
+    HWY_ALIGN float qp[kPairMaxDk / 2 * 16 + 16];
+    for (index_t i = 0; i < pairs; ++i) {
+      const auto even = hn::Load(dh, qt + 2 * i * kBlockQ), oddv = hn::Load(dh, qt + (2 * i + 1) * kBlockQ);
+      hn::Store(hn::Combine(d, hn::InterleaveUpper(dh, even, oddv), hn::InterleaveLower(dh, even, oddv)), d,
+                qp + 16 * i);
+    }
+    if (odd) {  // last d alone: its odd lanes are zero
+      const auto even = hn::Load(dh, qt + 2 * pairs * kBlockQ), zero = hn::Zero(dh);
+      hn::Store(hn::Combine(d, hn::InterleaveUpper(dh, even, zero), hn::InterleaveLower(dh, even, zero)), d,
+                qp + 16 * pairs);
+    }
+    // Lane t of the output for key j (t < 8) / key j + 1 (t >= 8), from the
+    // blend of the two keys' pair sums (key j in even lanes, j + 1 in odd).
+    HWY_ALIGN std::int32_t unpermute[16];
+    for (int t = 0; t < 8; ++t) {
+      int p = 0;
+      while (kPairRow[p] != t) ++p;
+      unpermute[t] = 2 * p;
+      unpermute[t + 8] = 2 * p + 1;
+    }
+    const auto idx = hn::IndicesFromVec(d, hn::Load(di, unpermute));
+    for (index_t j0 = 0; j0 < cols; j0 += kPairKeys) {
+      const int keys = static_cast<int>(std::min<index_t>(kPairKeys, cols - j0));
+      const float* kp[kPairKeys];
+      HWY_UNROLL(16)
+      for (int j = 0; j < kPairKeys; ++j) kp[j] = k + (j0 + std::min(j, keys - 1)) * k_stride;
+      V acc[kPairKeys];
+      HWY_UNROLL(16)
+      for (int j = 0; j < kPairKeys; ++j) acc[j] = hn::Zero(d);
+      for (index_t i = 0; i < pairs; ++i) {
+        const V q = hn::Load(d, qp + 16 * i);
+        HWY_UNROLL(16)
+        for (int j = 0; j < kPairKeys; ++j) {
+          std::uint64_t two;
+          std::memcpy(&two, kp[j] + 2 * i, sizeof(two));
+          acc[j] = hn::MulAdd(q, hn::BitCast(d, hn::Set(du64, two)), acc[j]);
+        }
+      }
+      if (odd) {
+        const V q = hn::Load(d, qp + 16 * pairs);
+        HWY_UNROLL(16)
+        for (int j = 0; j < kPairKeys; ++j) acc[j] = hn::MulAdd(q, hn::Set(d, kp[j][2 * pairs]), acc[j]);
+      }
+      for (int j = 0; j < keys; j += 2) {
+        const V a = hn::Add(acc[j], hn::Shuffle2301(acc[j]));
+        const V b = hn::Add(acc[j + 1], hn::Shuffle2301(acc[j + 1]));
+        const V both = hn::TableLookupLanes(hn::OddEven(b, a), idx);
+        hn::Store(hn::LowerHalf(dh, both), dh, st + (j0 + j) * kBlockQ);
+        if (j + 1 < keys) hn::Store(hn::UpperHalf(dh, both), dh, st + (j0 + j + 1) * kBlockQ);
+      }
+    }
+  }
+#endif
+
   static void scores(const float* HWY_RESTRICT qt, index_t rows_p, index_t dk, const float* HWY_RESTRICT k,
                      index_t k_stride, index_t cols, float* HWY_RESTRICT st) {
+#if HWY_TARGET <= HWY_AVX3
+    if (rows_p == kLanes / 2 && dk <= kPairMaxDk) {
+      ScoresRowPairs(qt, dk, k, k_stride, cols, st);
+      return;
+    }
+#endif
     if constexpr (kLanes >= 16) {
       // Few rows (decode with GQA stacking): half-width vectors waste no lanes
       // and two of them issue per cycle where one full-width one does.
@@ -392,62 +498,69 @@ struct FlashKernel {
     }
   }
 
+  // One group of at most kPvVecs head-dim vectors (starting at v, o) for kRows rows.
   template <int kRows>
-  static HWY_INLINE void PvRows(const float* HWY_RESTRICT pt, index_t cols, const float* HWY_RESTRICT v,
+  static HWY_INLINE void PvRows(index_t vecs, const float* HWY_RESTRICT pt, index_t cols, const float* HWY_RESTRICT v,
                                 index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
-    const D d;
-    const auto N = static_cast<index_t>(hn::Lanes(d));
-    const index_t vecs = dvp / N;
-    for (index_t e0 = 0; e0 < vecs; e0 += kPvVecs) {
-      const float* vp = v + e0 * N;
-      float* op = o + e0 * N;
-      switch (std::min<index_t>(kPvVecs, vecs - e0)) {
-        case 1:
-          PvBlock<kRows, 1>(pt, cols, vp, v_stride, alpha, op, dvp);
-          break;
-        case 2:
-          PvBlock<kRows, HWY_MIN(2, kPvVecs)>(pt, cols, vp, v_stride, alpha, op, dvp);
-          break;
-        case 3:
-          PvBlock<kRows, HWY_MIN(3, kPvVecs)>(pt, cols, vp, v_stride, alpha, op, dvp);
-          break;
-        default:
-          PvBlock<kRows, kPvVecs>(pt, cols, vp, v_stride, alpha, op, dvp);
-          break;
-      }
+    switch (vecs) {
+      case 1:
+        PvBlock<kRows, 1>(pt, cols, v, v_stride, alpha, o, dvp);
+        break;
+      case 2:
+        PvBlock<kRows, HWY_MIN(2, kPvVecs)>(pt, cols, v, v_stride, alpha, o, dvp);
+        break;
+      case 3:
+        PvBlock<kRows, HWY_MIN(3, kPvVecs)>(pt, cols, v, v_stride, alpha, o, dvp);
+        break;
+      default:
+        PvBlock<kRows, kPvVecs>(pt, cols, v, v_stride, alpha, o, dvp);
+        break;
     }
   }
 
+  // Head-dim groups outermost: one group's slice of the V tile (64 keys x
+  // kPvVecs vectors, 16 KiB at AVX3) stays in L1 while every row block reads
+  // it; rows outermost re-read the whole V tile from L2 per row block.
   static void accumulate_pv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
                             index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
-    index_t r0 = 0;
-    for (; r0 + kPvRows <= rows; r0 += kPvRows) {
-      PvRows<kPvRows>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
-    }
-    switch (rows - r0) {
-      case 0:
-        break;
-      case 1:
-        PvRows<1>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
-        break;
-      case 2:
-        PvRows<HWY_MIN(2, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
-        break;
-      case 3:
-        PvRows<HWY_MIN(3, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
-        break;
-      case 4:
-        PvRows<HWY_MIN(4, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
-        break;
-      case 5:
-        PvRows<HWY_MIN(5, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
-        break;
-      case 6:
-        PvRows<HWY_MIN(6, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
-        break;
-      default:
-        PvRows<HWY_MIN(7, kPvRows)>(pt + r0, cols, v, v_stride, dvp, alpha + r0, o + r0 * dvp);
-        break;
+    const auto N = static_cast<index_t>(hn::Lanes(D()));
+    const index_t all_vecs = dvp / N;
+    for (index_t e0 = 0; e0 < all_vecs; e0 += kPvVecs) {
+      const index_t vecs = std::min<index_t>(kPvVecs, all_vecs - e0);
+      const float* vp = v + e0 * N;
+      float* op = o + e0 * N;
+      index_t r0 = 0;
+      for (; r0 + kPvRows <= rows; r0 += kPvRows) {
+        PvRows<kPvRows>(vecs, pt + r0, cols, vp, v_stride, dvp, alpha + r0, op + r0 * dvp);
+      }
+      const float* p = pt + r0;
+      const float* a = alpha + r0;
+      float* out = op + r0 * dvp;
+      switch (rows - r0) {
+        case 0:
+          break;
+        case 1:
+          PvRows<1>(vecs, p, cols, vp, v_stride, dvp, a, out);
+          break;
+        case 2:
+          PvRows<HWY_MIN(2, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
+          break;
+        case 3:
+          PvRows<HWY_MIN(3, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
+          break;
+        case 4:
+          PvRows<HWY_MIN(4, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
+          break;
+        case 5:
+          PvRows<HWY_MIN(5, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
+          break;
+        case 6:
+          PvRows<HWY_MIN(6, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
+          break;
+        default:
+          PvRows<HWY_MIN(7, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
+          break;
+      }
     }
   }
 };

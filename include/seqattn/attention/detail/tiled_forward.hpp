@@ -186,6 +186,13 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
 //     tiles and prefetch into L1 were not consistently better. Kept at 1: one
 //     prefetch per 64 bytes, for where the hardware prefetcher loses the
 //     2 x Hkv interleaved per-head streams or a jump to another page.
+//     Re-measured with the pair QK^T kernel (highway-inl.h): on and off
+//     within the noise on both the Cascade Lake and a Sapphire Rapids VM.
+//     What bounds decode on one core is that a tile's loads and its
+//     arithmetic barely overlap: the out-of-order window covers far less
+//     than a DRAM latency, and a burst of prefetches waits for line fill
+//     buffers. Memory and compute times add, so cheaper arithmetic per K/V
+//     byte is what moves decode toward the streaming-read bandwidth.
 #ifndef SEQATTN_DECODE_IN_PLACE
 #define SEQATTN_DECODE_IN_PLACE 1
 #endif

@@ -960,4 +960,31 @@ TEST_CASE("the backward pass on every Highway target matches the Scalar backend"
   require_every_target_ran(ran);
 }
 
+TEST_CASE("the bf16 pair-dot path on every Highway target matches the Scalar backend", "[kernels][engine][bf16_dot]") {
+  // The path is forced on (backends/highway_bf16-inl.h): targets without
+  // AVX512_BF16 run its emulated pair dot, so its packing, odd tails and P
+  // rounding run on every target. tests/attention/bf16_dot_test.cpp holds the
+  // element-wise bounds; here, the engine-level NMSE of check_engine.
+  using namespace seqattn;
+  using kernel_tests::check_engine;
+  struct Restore {
+    Bf16DotPath saved = bf16_dot_path();
+    ~Restore() { set_bf16_dot_path(saved); }
+  } restore;
+  set_bf16_dot_path(Bf16DotPath::native);
+  std::mt19937 rng(331);
+  std::int64_t ran = 0;
+  const std::uint64_t before = bf16_native_tasks();
+  AttentionOptions plain;
+  check_engine<bfloat16>(ran, CausalMask{}, 1, 130, 130, 4, 2, 128, plain, 2, rng);
+  check_engine<bfloat16>(ran, CausalMask{Alignment::bottom_right}, 2, 150, 170, 6, 2, 33, plain, 2, rng);
+  const std::vector<float> sinks{0.5f, -1.0f, 2.0f, 0.0f};
+  AttentionOptions capped;
+  capped.softcap = 4.0f;
+  capped.sinks = sinks;
+  check_engine<bfloat16>(ran, SlidingWindowMask{40, 0}, 1, 90, 90, 4, 1, 72, capped, 2, rng);
+  CHECK(bf16_native_tasks() > before);
+  kernel_tests::require_every_target_ran(ran);
+}
+
 #endif  // HWY_ONCE

@@ -568,4 +568,7 @@ struct FlashKernel {
 }  // namespace seqattn::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
+// The native bf16 dot-product path beside FlashKernel (same target, own toggle guard).
+#include "seqattn/backends/highway_bf16-inl.h"
+
 #endif  // toggle guard

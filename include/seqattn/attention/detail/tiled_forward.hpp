@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "seqattn/attention/detail/bf16_dot.hpp"
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/detail/tiled_work.hpp"
 #include "seqattn/attention/softmax_state.hpp"
@@ -321,6 +322,9 @@ void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel
   constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
   const AttentionProblem<T>& p = c.p;
   const WorkUnit& u = c.w.unit_of(task);
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (Bf16DotTask<Kernel>::run(c, task, sc)) return;  // bf16 pair-dot path (bf16_dot.hpp) took the task
+  }
   const index_t split = task % c.w.splits;
   const SequenceGeometry& seq = p.sequence(u.sequence);
   const TaskRows t = task_rows<Kernel>(u, sc.row_q.data(), sc.row_head.data());

@@ -1,0 +1,81 @@
+// Which arithmetic bf16 prefill uses on the CPU, and the engine's hook for it.
+//
+// bf16 Q/K/V can be computed two ways (backends/highway_bf16-inl.h):
+//   widen   K and V tiles are widened to fp32 (kv_tile/to_f32) and multiplied
+//           with fp32 FMAs: the path every backend has;
+//   native  bf16 pair dot products with fp32 accumulation (AVX512_BF16's
+//           VDPBF16PS: 32 bf16 MACs per instruction against 16 fp32 FMAs),
+//           K read in place, V and P packed into bf16 pairs. P is rounded to
+//           bf16 (round to nearest even) before P.V; the row sums l stay fp32.
+//
+// SEQATTN_BF16_DOT picks the default at compile time:
+//   0  widen always;
+//   1  native always: where the target lacks the instruction an emulation
+//      (two fp32 FMAs per pair, several times slower) runs instead, so the
+//      path's arithmetic can be tested on any CPU;
+//   2  automatic (default): native only where the instruction is compiled in
+//      and a one-time probe finds it faster on this CPU (see
+//      Bf16DotKernel::native_is_faster), else widen.
+// set_bf16_dot_path() changes it at run time (tests force both paths).
+//
+// Bf16DotTask<Kernel> is how run_task (tiled_forward.hpp) reaches a backend's
+// native path: the primary template declines every task; backends/
+// highway_bf16-inl.h specializes it for FlashKernel.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "seqattn/core/error.hpp"
+#include "seqattn/core/tensor.hpp"
+
+#ifndef SEQATTN_BF16_DOT
+#define SEQATTN_BF16_DOT 2
+#endif
+static_assert(SEQATTN_BF16_DOT >= 0 && SEQATTN_BF16_DOT <= 2,
+              "SEQATTN_BF16_DOT must be 0 (widen), 1 (native) or 2 (automatic)");
+
+namespace seqattn {
+
+enum class Bf16DotPath : int { widen = 0, native = 1, automatic = 2 };
+
+namespace detail {
+
+inline std::atomic<int>& bf16_dot_path_setting() {
+  static std::atomic<int> path{SEQATTN_BF16_DOT};
+  return path;
+}
+
+// Tasks the native path has run (all threads, all calls): lets tests see
+// which path a call took. One relaxed increment per task (a task is >= one
+// 128 x 64 tile, microseconds of work).
+inline std::atomic<std::uint64_t>& bf16_native_task_count() {
+  static std::atomic<std::uint64_t> count{0};
+  return count;
+}
+
+template <class Kernel>
+struct Bf16DotTask {
+  // Runs the task and returns true, or returns false and leaves it to the
+  // widening path. The primary template has no native path.
+  template <class Call, class Scratch>
+  static bool run(const Call&, index_t, Scratch&) {
+    return false;
+  }
+};
+
+}  // namespace detail
+
+inline void set_bf16_dot_path(Bf16DotPath path) {
+  const int v = static_cast<int>(path);
+  detail::require(v >= 0 && v <= 2, "set_bf16_dot_path: path must be widen, native or automatic, got ", v);
+  detail::bf16_dot_path_setting().store(v, std::memory_order_relaxed);
+}
+
+inline Bf16DotPath bf16_dot_path() {
+  return static_cast<Bf16DotPath>(detail::bf16_dot_path_setting().load(std::memory_order_relaxed));
+}
+
+inline std::uint64_t bf16_native_tasks() { return detail::bf16_native_task_count().load(std::memory_order_relaxed); }
+
+}  // namespace seqattn

@@ -1,0 +1,603 @@
+// Native bf16 dot-product path of the Highway tile kernel (bf16 prefill).
+//
+// Included at the end of backends/highway-inl.h, so once per Highway target
+// like FlashKernel (toggle guard below, code in seqattn::HWY_NAMESPACE). The
+// engine reaches it through detail::Bf16DotTask<FlashKernel>, specialized at
+// the end of this file; attention/detail/bf16_dot.hpp says how the path is
+// chosen (SEQATTN_BF16_DOT, set_bf16_dot_path).
+//
+// ============================================================================
+// Bf16DotKernel: layouts, arithmetic, tile shape, register budget, traffic
+// ============================================================================
+// AVX512_BF16's VDPBF16PS takes two vectors of bf16 PAIRS (one pair per 32-bit
+// lane) and adds a.lo * b.lo + a.hi * b.hi to each fp32 lane: 32 bf16 MACs per
+// zmm instruction, twice the 16 of an fp32 FMA. Products of two bf16 are exact
+// in fp32, so only the two additions round (RNE; the instruction flushes
+// denormal inputs and outputs to zero). The pair layout fits FlashKernel's
+// "rows along lanes, broadcast the other operand" scheme with the pair
+// dimension being the reduction dimension of each GEMM:
+//   QK^T (reduce over d):  Qt2[d/2][row] uint32 = (Q[row][2i], Q[row][2i+1]),
+//     packed once per task from the bf16 Q (exact: no scaling before the
+//     pack); K is used IN PLACE, [key][d] bf16: K[j][2i..2i+1] is one 32-bit
+//     broadcast. acc[row-vec][key] += dot2(Qt2 vector, broadcast K pair). The
+//     softmax scale multiplies the accumulators at the store, so the scores
+//     equal the widening path's up to fp32 summation order. Odd dk: the last
+//     pair's high half is zero in Qt2 and the K element beyond the row is
+//     never read (a 16-bit load).
+//   P.V (reduce over keys): P (fp32 in St[key][row] after online_softmax) is
+//     rounded to bf16, round to nearest even, and packed in place into
+//     Pt2[key/2][row] (row jj of the pairs overwrites St row jj after rows 2jj
+//     and 2jj + 1 were read); V is repacked per tile into Vp[key/2][dvp]
+//     uint32 = (V[2jj][e], V[2jj+1][e]), zero beyond dv and for the missing
+//     key of an odd tile. acc[row][d-vec] += dot2(broadcast P pair, Vp vector).
+//     The row sums l stay those of the fp32 P (the softmax is unchanged), so
+//     the only extra error of the path is P's rounding: each weight carries a
+//     relative error <= 2^-8 (bf16's unit roundoff: 8 significant bits), so
+//     |dO| <= 2^-8 * max|V| per output element, and for random data an NMSE
+//     of about 2^-16 / 3 (tests/attention/bf16_dot_test.cpp).
+// The instruction is used only where the target is AVX-512 and the compiler
+// targets AVX512_BF16 (__AVX512BF16__: -march=sapphirerapids, cooperlake,
+// znver4 ...). Every other target runs the same layouts with an emulated pair
+// dot (widen each half with a shift or a mask, two fp32 FMAs, the same order
+// of additions as the instruction): the widening path's FMAs plus the splits
+// of the broadcast operand, never faster than widening, so it is never chosen
+// automatically; it exists so the path's packing, tails and masking are
+// tested on every target.
+//
+// Measured (bench/bf16_dot.cpp, one thread, in-cache 128 x 64 tile, d = 128)
+// on the 2-vCPU Cascade Lake build machine (AVX3, no AVX512_BF16, shared and
+// busy, so +-10%): fp32 FMA 133 GFLOP/s, emulated pair dot 136; QK^T widen
+// 85 (82 with the K conversion), emulated pair dot 68 (73 with nothing to
+// convert); P.V widen 84 (82), emulated 72 (67 with the P and V packing).
+// On a 16-core Sapphire Rapids VM (AVX3_DL static target with AVX512_BF16,
+// the bundle of scripts/build-cpu-bundle.sh, one thread): fp32 FMA 150
+// GFLOP/s, VDPBF16PS 74 GFLOP/s counting 2 FLOP per bf16 MAC, i.e. half the
+// FMA rate per instruction (one instruction issues where two FMAs do); QK^T
+// widen 117, pair dot 59 (80 counting the K conversion it saves); P.V widen
+// 132, pair dot 81 (67 with the P and V packing). The probe timed 35 us
+// (widen) against 56 us (pair dot) per tile and chose widen; causal 4k prefill,
+// 2 threads: fp32 167, bf16 widen 164, bf16 pair dot 111, automatic 167
+// GFLOP/s. The test binary passed there with the instruction (432 assertions).
+//
+// Register blocks: FlashKernel's (the same accumulator shapes, each
+// accumulator now taking 2 MACs per instruction).
+//   QK^T, AVX3: 4 row-vectors x 6 keys = 24 zmm accumulators + 4 Qt2 loads +
+//     1 broadcast; per pair of dims 4 loads + 6 broadcasts for 24 VDPBF16PS
+//     (768 MACs). 16-register targets: 2 x 4.
+//   P.V, AVX3: 6 rows x 4 d-vectors = 24 accumulators; per pair of keys 4 Vp
+//     loads + 6 broadcasts for 24 VDPBF16PS. 16-register targets: 4 x 2.
+// Traffic per 128 x 64 tile, d = 128: K read in place, 16 KiB bf16 (the
+//   widening path reads 16 KiB and writes + re-reads a 32 KiB fp32 copy); V
+//   read once (16 KiB) and written as a 16 KiB pair tile; Qt2 32 KiB (half of
+//   Qt), P read once as fp32 (32 KiB) and written as 16 KiB of pairs. The
+//   loop bodies read half the bytes per MAC of the fp32 kernels.
+// Score variants (softcap, ALiBi, biases, score_mod, sinks) and masks act on
+// the fp32 scores and rows exactly as on the widening path: all supported.
+// Not taken (the task is left to the widening path, which handles them):
+//   decode (<= kBlockQ / 4 rows: memory-bound, nothing to gain from MACs),
+//   K with a head-dim stride other than 1 (K must be read in place as pairs),
+//   several K/V groups per task whose rows are not whole vectors.
+// ============================================================================
+
+// Non-SIMD includes: normal include guard.
+#ifndef SEQATTN_BACKENDS_HIGHWAY_BF16_INL_H_DEPS
+#define SEQATTN_BACKENDS_HIGHWAY_BF16_INL_H_DEPS
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "seqattn/attention/detail/bf16_dot.hpp"
+#include "seqattn/attention/detail/tiled_forward.hpp"
+#include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/tensor.hpp"
+#endif
+
+#if defined(SEQATTN_BACKENDS_HIGHWAY_BF16_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef SEQATTN_BACKENDS_HIGHWAY_BF16_INL_H_
+#undef SEQATTN_BACKENDS_HIGHWAY_BF16_INL_H_
+#else
+#define SEQATTN_BACKENDS_HIGHWAY_BF16_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace seqattn::HWY_NAMESPACE {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+struct Bf16DotKernel {
+  using K = FlashKernel;
+  using D = K::D;
+  using V = K::V;
+  using DU = hn::RebindToUnsigned<D>;
+  using VU = hn::Vec<DU>;
+  static constexpr index_t kBq = K::kBlockQ;
+  static constexpr index_t kBkv = K::kBlockKv;
+
+  // Whether this target's body has the instruction (see the header comment).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && defined(__AVX512BF16__)
+  static constexpr bool kNative = true;
+#else
+  static constexpr bool kNative = false;
+#endif
+
+  static HWY_INLINE std::uint32_t pair_bits(const std::uint16_t* p) {
+    // One 32-bit load on little-endian targets; correct on any byte order.
+    return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 16);
+  }
+  static HWY_INLINE std::uint32_t load_u32(const void* p) {
+    std::uint32_t x;
+    std::memcpy(&x, p, sizeof(x));
+    return x;
+  }
+  static HWY_INLINE void store_u32(void* p, std::uint32_t x) { std::memcpy(p, &x, sizeof(x)); }
+  static HWY_INLINE const std::uint16_t* bits_of(const bfloat16* p) {
+    return reinterpret_cast<const std::uint16_t*>(p);
+  }
+
+  // acc + a.lo * b.lo + a.hi * b.hi per 32-bit lane; kHw: the instruction.
+  template <bool kHw>
+  static HWY_INLINE V PairDot(V acc, VU a, VU b) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && defined(__AVX512BF16__)
+    if constexpr (kHw) return V{_mm512_dpbf16_ps(acc.raw, (__m512bh)a.raw, (__m512bh)b.raw)};
+#endif
+    const D d;
+    const DU du;
+    const VU hi = hn::Set(du, 0xFFFF0000u);
+    const V a_lo = hn::BitCast(d, hn::ShiftLeft<16>(a)), a_hi = hn::BitCast(d, hn::And(a, hi));
+    const V b_lo = hn::BitCast(d, hn::ShiftLeft<16>(b)), b_hi = hn::BitCast(d, hn::And(b, hi));
+    // Same order as VDPBF16PS: the odd (high) product first.
+    return hn::MulAdd(a_lo, b_lo, hn::MulAdd(a_hi, b_hi, acc));
+  }
+
+  // ---- Packing ---------------------------------------------------------------
+
+  // Qt2[i][r] = (Q[r][2i], Q[r][2i+1]) for the task's rows, zero for padded
+  // rows and for the missing half of an odd dk. Once per task.
+  static void pack_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
+                         const detail::TaskRows& t, const index_t* row_q, const index_t* row_head, float* qt2) {
+    const index_t pairs = (p.dk + 1) / 2;
+    const index_t ds = p.q_strides.dim;
+    for (index_t r = 0; r < t.rows_p; ++r) {
+      if (r >= t.rows) {
+        for (index_t i = 0; i < pairs; ++i) store_u32(qt2 + i * kBq + r, 0u);
+        continue;
+      }
+      const std::uint16_t* src = bits_of(p.q_row(seq, row_q[r], row_head[r]));
+      for (index_t i = 0; i < pairs; ++i) {
+        const std::uint32_t lo = src[2 * i * ds];
+        const std::uint32_t hi = 2 * i + 1 < p.dk ? src[(2 * i + 1) * ds] : 0u;
+        store_u32(qt2 + i * kBq + r, lo | (hi << 16));
+      }
+    }
+  }
+
+  // Vp[jj][e] = (V[2jj][e], V[2jj+1][e]) for jj < ceil(cols / 2), e < dvp;
+  // zero for e >= dv and for key `cols` of an odd tile. row(j): V row j
+  // (bf16), its elements `dim_stride` apart. Once per tile.
+  template <class Row>
+  static void pack_v(const Row& row, index_t dim_stride, index_t cols, index_t dv, index_t dvp, float* vp) {
+    const DU du;
+    const hn::Rebind<std::uint16_t, D> du16;
+    const auto N = static_cast<index_t>(hn::Lanes(du));
+    auto* out = reinterpret_cast<std::uint32_t*>(vp);
+    for (index_t jj = 0; 2 * jj < cols; ++jj) {
+      const std::uint16_t* r0 = bits_of(row(2 * jj));
+      const std::uint16_t* r1 = 2 * jj + 1 < cols ? bits_of(row(2 * jj + 1)) : nullptr;
+      std::uint32_t* dst = out + jj * dvp;
+      index_t e = 0;
+      if (dim_stride == 1) {
+        for (; e + N <= dv; e += N) {
+          const VU lo = hn::PromoteTo(du, hn::LoadU(du16, r0 + e));
+          const VU hi = r1 ? hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du16, r1 + e))) : hn::Zero(du);
+          hn::Store(hn::Or(lo, hi), du, dst + e);
+        }
+      }
+      for (; e < dv; ++e) {
+        const std::uint32_t lo = r0[e * dim_stride];
+        const std::uint32_t hi = r1 ? r1[e * dim_stride] : 0u;
+        store_u32(dst + e, lo | (hi << 16));
+      }
+      for (; e < dvp; ++e) store_u32(dst + e, 0u);
+    }
+  }
+
+  // St (fp32 P, [key][row]) -> Pt2[key/2][row] bf16 pairs, in place, P
+  // rounded to nearest even (P is finite and >= 0: no NaN case needed).
+  // rows_v: rows to pack, a multiple of the vector length.
+  static void pack_p(float* st, index_t cols, index_t rows_v) {
+    const D d;
+    const DU du;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    const VU bias = hn::Set(du, 0x7FFFu), one = hn::Set(du, 1u), hi = hn::Set(du, 0xFFFF0000u);
+    auto round = [&](VU x) { return hn::Add(x, hn::Add(bias, hn::And(hn::ShiftRight<16>(x), one))); };
+    auto* out = reinterpret_cast<std::uint32_t*>(st);
+    for (index_t jj = 0; 2 * jj < cols; ++jj) {
+      const float* s0 = st + 2 * jj * kBq;
+      const bool has1 = 2 * jj + 1 < cols;
+      for (index_t r = 0; r < rows_v; r += N) {
+        const VU x0 = round(hn::BitCast(du, hn::Load(d, s0 + r)));
+        const VU x1 = has1 ? round(hn::BitCast(du, hn::Load(d, s0 + kBq + r))) : hn::Zero(du);
+        hn::Store(hn::Or(hn::ShiftRight<16>(x0), hn::And(x1, hi)), du, out + jj * kBq + r);
+      }
+    }
+  }
+
+  // ---- St[j][r] = scale * sum_i dot2(Qt2[i][r], K[j][2i..2i+1]) ---------------
+  template <bool kHw, int kVecs, int kKeys>
+  static HWY_INLINE void ScoresBlock(const float* HWY_RESTRICT qt2, index_t dk, const std::uint16_t* const* krow,
+                                     int keys, float scale, float* HWY_RESTRICT st) {
+    const D d;
+    const DU du;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    const auto* q2 = reinterpret_cast<const std::uint32_t*>(qt2);
+    V acc[kVecs][kKeys];
+    const std::uint16_t* kp[kKeys];
+    HWY_UNROLL(16)
+    for (int j = 0; j < kKeys; ++j) kp[j] = krow[j];
+    HWY_UNROLL(8)
+    for (int v = 0; v < kVecs; ++v) {
+      HWY_UNROLL(16)
+      for (int j = 0; j < kKeys; ++j) acc[v][j] = hn::Zero(d);
+    }
+    const index_t pairs = dk / 2;
+    for (index_t i = 0; i < pairs; ++i) {
+      VU q[kVecs];
+      HWY_UNROLL(8)
+      for (int v = 0; v < kVecs; ++v) q[v] = hn::Load(du, q2 + i * kBq + v * N);
+      HWY_UNROLL(16)
+      for (int j = 0; j < kKeys; ++j) {
+        const VU b = hn::Set(du, pair_bits(kp[j] + 2 * i));
+        HWY_UNROLL(8)
+        for (int v = 0; v < kVecs; ++v) acc[v][j] = PairDot<kHw>(acc[v][j], q[v], b);
+      }
+    }
+    if (dk & 1) {  // last dim alone: Qt2's high half is zero, K[j][dk] is not read
+      VU q[kVecs];
+      HWY_UNROLL(8)
+      for (int v = 0; v < kVecs; ++v) q[v] = hn::Load(du, q2 + pairs * kBq + v * N);
+      HWY_UNROLL(16)
+      for (int j = 0; j < kKeys; ++j) {
+        const VU b = hn::Set(du, static_cast<std::uint32_t>(kp[j][dk - 1]));
+        HWY_UNROLL(8)
+        for (int v = 0; v < kVecs; ++v) acc[v][j] = PairDot<kHw>(acc[v][j], q[v], b);
+      }
+    }
+    const V vscale = hn::Set(d, scale);
+    HWY_UNROLL(16)
+    for (int j = 0; j < keys; ++j) {
+      HWY_UNROLL(8)
+      for (int v = 0; v < kVecs; ++v) hn::Store(hn::Mul(acc[v][j], vscale), d, st + j * kBq + v * N);
+    }
+  }
+
+  // krows[j]: K row j (bf16 bits, unit stride), j < cols. rows_p: rows to
+  // compute, whole vectors of Qt2 (padding rows are zero there).
+  template <bool kHw>
+  static void scores(const float* HWY_RESTRICT qt2, index_t rows_p, index_t dk, const std::uint16_t* const* krows,
+                     index_t cols, float scale, float* HWY_RESTRICT st) {
+    constexpr int kMaxVecs = K::kQkRowVecs, kKeys = K::kQkKeys;
+    const auto N = static_cast<index_t>(hn::Lanes(D()));
+    const index_t row_vecs = (rows_p + N - 1) / N;
+    for (index_t v0 = 0; v0 < row_vecs; v0 += kMaxVecs) {
+      const index_t vecs = std::min<index_t>(kMaxVecs, row_vecs - v0);
+      for (index_t j0 = 0; j0 < cols; j0 += kKeys) {
+        const int keys = static_cast<int>(std::min<index_t>(kKeys, cols - j0));
+        // Short key groups repeat the last key; only `keys` results are stored.
+        const std::uint16_t* krow[kKeys];
+        for (int j = 0; j < kKeys; ++j) krow[j] = krows[j0 + std::min(j, keys - 1)];
+        const float* q = qt2 + v0 * N;
+        float* s = st + j0 * kBq + v0 * N;
+        switch (vecs) {
+          case 1:
+            ScoresBlock<kHw, 1, kKeys>(q, dk, krow, keys, scale, s);
+            break;
+          case 2:
+            ScoresBlock<kHw, HWY_MIN(2, kMaxVecs), kKeys>(q, dk, krow, keys, scale, s);
+            break;
+          case 3:
+            ScoresBlock<kHw, HWY_MIN(3, kMaxVecs), kKeys>(q, dk, krow, keys, scale, s);
+            break;
+          default:
+            ScoresBlock<kHw, kMaxVecs, kKeys>(q, dk, krow, keys, scale, s);
+            break;
+        }
+      }
+    }
+  }
+
+  // ---- O[r][e] = alpha[r] * O[r][e] + sum_jj dot2(Pt2[jj][r], Vp[jj][e]) -------
+  template <bool kHw, int kRows, int kVecs>
+  static HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt2, index_t pairs, const float* HWY_RESTRICT vp,
+                                 const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o, index_t dvp) {
+    const D d;
+    const DU du;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    const auto* v2 = reinterpret_cast<const std::uint32_t*>(vp);
+    V acc[kRows][kVecs];
+    HWY_UNROLL(8)
+    for (int r = 0; r < kRows; ++r) {
+      const V a = hn::Set(d, alpha[r]);
+      HWY_UNROLL(8)
+      for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::Mul(a, hn::Load(d, o + r * dvp + e * N));
+    }
+    for (index_t jj = 0; jj < pairs; ++jj) {
+      VU vv[kVecs];
+      HWY_UNROLL(8)
+      for (int e = 0; e < kVecs; ++e) vv[e] = hn::Load(du, v2 + jj * dvp + e * N);
+      const float* p = pt2 + jj * kBq;
+      HWY_UNROLL(8)
+      for (int r = 0; r < kRows; ++r) {
+        const VU pr = hn::Set(du, load_u32(p + r));
+        HWY_UNROLL(8)
+        for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, vv[e]);
+      }
+    }
+    HWY_UNROLL(8)
+    for (int r = 0; r < kRows; ++r) {
+      HWY_UNROLL(8)
+      for (int e = 0; e < kVecs; ++e) hn::Store(acc[r][e], d, o + r * dvp + e * N);
+    }
+  }
+
+  template <bool kHw, int kRows>
+  static HWY_INLINE void PvRows(const float* HWY_RESTRICT pt2, index_t pairs, const float* HWY_RESTRICT vp, index_t dvp,
+                                const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+    constexpr int kMax = K::kPvVecs;
+    const auto N = static_cast<index_t>(hn::Lanes(D()));
+    const index_t vecs = dvp / N;
+    for (index_t e0 = 0; e0 < vecs; e0 += kMax) {
+      const float* v = vp + e0 * N;
+      float* op = o + e0 * N;
+      switch (std::min<index_t>(kMax, vecs - e0)) {
+        case 1:
+          PvBlock<kHw, kRows, 1>(pt2, pairs, v, alpha, op, dvp);
+          break;
+        case 2:
+          PvBlock<kHw, kRows, HWY_MIN(2, kMax)>(pt2, pairs, v, alpha, op, dvp);
+          break;
+        case 3:
+          PvBlock<kHw, kRows, HWY_MIN(3, kMax)>(pt2, pairs, v, alpha, op, dvp);
+          break;
+        default:
+          PvBlock<kHw, kRows, kMax>(pt2, pairs, v, alpha, op, dvp);
+          break;
+      }
+    }
+  }
+
+  // rows: real rows (r < rows of O are updated); pairs = ceil(cols / 2).
+  template <bool kHw>
+  static void accumulate_pv(const float* HWY_RESTRICT pt2, index_t rows, index_t pairs, const float* HWY_RESTRICT vp,
+                            index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+    constexpr int kR = K::kPvRows;
+    index_t r0 = 0;
+    for (; r0 + kR <= rows; r0 += kR) PvRows<kHw, kR>(pt2 + r0, pairs, vp, dvp, alpha + r0, o + r0 * dvp);
+    const float* p = pt2 + r0;
+    const float* a = alpha + r0;
+    float* out = o + r0 * dvp;
+    switch (rows - r0) {
+      case 0:
+        break;
+      case 1:
+        PvRows<kHw, 1>(p, pairs, vp, dvp, a, out);
+        break;
+      case 2:
+        PvRows<kHw, HWY_MIN(2, kR)>(p, pairs, vp, dvp, a, out);
+        break;
+      case 3:
+        PvRows<kHw, HWY_MIN(3, kR)>(p, pairs, vp, dvp, a, out);
+        break;
+      case 4:
+        PvRows<kHw, HWY_MIN(4, kR)>(p, pairs, vp, dvp, a, out);
+        break;
+      case 5:
+        PvRows<kHw, HWY_MIN(5, kR)>(p, pairs, vp, dvp, a, out);
+        break;
+      case 6:
+        PvRows<kHw, HWY_MIN(6, kR)>(p, pairs, vp, dvp, a, out);
+        break;
+      default:
+        PvRows<kHw, HWY_MIN(7, kR)>(p, pairs, vp, dvp, a, out);
+        break;
+    }
+  }
+
+  // ---- Choosing the path -------------------------------------------------------
+
+  // One in-cache tile (kBlockQ rows x kBlockKv keys, d = 128) through each
+  // path's per-tile work: widen = K and V to fp32 + FlashKernel::scores +
+  // accumulate_pv; native = scores on K in place + pack P + pack V + pair P.V.
+  // The softmax, common to both, is left out. Buffers are allocated here,
+  // once; the timed loops allocate nothing.
+  struct ProbeTile {
+    static constexpr index_t kD = 128;
+    std::vector<bfloat16> k, v;
+    detail::AlignedFloats qt, qt2, kbuf, vbuf, st, o, alpha;
+    std::vector<const std::uint16_t*> krows;
+    ProbeTile()
+        : k(static_cast<std::size_t>(kBkv * kD)),
+          v(k.size()),
+          qt(kD * kBq),
+          qt2(kD * kBq),
+          kbuf(kBkv * kD),
+          vbuf(kBkv * kD),
+          st(kBkv * kBq),
+          o(kBq * kD),
+          alpha(kBq),
+          krows(static_cast<std::size_t>(kBkv)) {
+      // Small values, alpha = 1/2: nothing overflows or turns denormal over
+      // many repetitions (denormals would slow the fp32 path only).
+      for (std::size_t i = 0; i < k.size(); ++i) {
+        k[i] = bfloat16(0.01f * static_cast<float>(static_cast<int>(i % 17) - 8));
+        v[i] = bfloat16(0.02f * static_cast<float>(static_cast<int>(i % 13) - 6));
+      }
+      for (index_t i = 0; i < kD * kBq; ++i) qt.get()[i] = 0.01f * static_cast<float>(i % 11);
+      for (index_t i = 0; i < kD * kBq; ++i) store_u32(qt2.get() + i, 0x3C003C00u);  // (2^-7, 2^-7)
+      std::fill_n(alpha.get(), kBq, 0.5f);
+      for (index_t j = 0; j < kBkv; ++j) krows[static_cast<std::size_t>(j)] = bits_of(k.data() + j * kD);
+    }
+    void widen() {
+      for (index_t j = 0; j < kBkv; ++j) K::to_f32(k.data() + j * kD, kD, kbuf.get() + j * kD);
+      K::scores(qt.get(), kBq, kD, kbuf.get(), kD, kBkv, st.get());
+      for (index_t j = 0; j < kBkv; ++j) K::to_f32(v.data() + j * kD, kD, vbuf.get() + j * kD);
+      K::accumulate_pv(st.get(), kBq, kBkv, vbuf.get(), kD, kD, alpha.get(), o.get());
+    }
+    template <bool kHw>
+    void native() {
+      Bf16DotKernel::scores<kHw>(qt2.get(), kBq, kD, krows.data(), kBkv, 1.0f, st.get());
+      pack_p(st.get(), kBkv, kBq);
+      pack_v([&](index_t j) { return v.data() + j * kD; }, 1, kBkv, kD, kD, vbuf.get());
+      Bf16DotKernel::accumulate_pv<kHw>(st.get(), kBq, kBkv / 2, vbuf.get(), kD, alpha.get(), o.get());
+    }
+  };
+
+  template <class F>
+  static double best_seconds(F&& f, int reps) {
+    double best = 1e30;
+    for (int i = 0; i < reps; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      f();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best;
+  }
+
+  // Seconds per tile of each path, best of 2 rounds x 3 tiles, alternating
+  // (a tile is 4.2 MFLOP, 25-50 us on one core: the probe takes 0.5-1 ms).
+  static void probe_seconds(double& widen, double& native) {
+    ProbeTile tile;
+    tile.widen();
+    tile.template native<kNative>();
+    widen = native = 1e30;
+    for (int round = 0; round < 2; ++round) {
+      widen = std::min(widen, best_seconds([&] { tile.widen(); }, 3));
+      native = std::min(native, best_seconds([&] { tile.template native<kNative>(); }, 3));
+    }
+  }
+
+  // A one-time runtime probe rather than a per-target constant: the target
+  // says whether the instruction exists, not how fast it is. VDPBF16PS issues
+  // at one or two per cycle depending on the core (and AMD Zen 4 splits zmm
+  // ops), and the path also changes memory traffic, so which path wins is a
+  // property of the CPU, measured once per process (function-local static:
+  // thread-safe, 0.5-1 ms at the first bf16 call on a path-eligible task).
+  static bool native_is_faster() {
+    if constexpr (!kNative) {
+      return false;
+    } else {
+      static const bool faster = [] {
+        double widen = 0, native = 0;
+        probe_seconds(widen, native);
+        return native < widen;
+      }();
+      return faster;
+    }
+  }
+
+  static bool use_native() {
+    switch (bf16_dot_path()) {
+      case Bf16DotPath::widen:
+        return false;
+      case Bf16DotPath::native:
+        return true;
+      default:
+        return kNative && native_is_faster();
+    }
+  }
+
+  // ---- One task of the engine (attention/detail/tiled_forward.hpp, run_task) --
+  // The same steps as run_task with the bf16 pair-dot kernels; returns false
+  // (and does nothing) where the widening path must run the task.
+  template <class T, class Var>
+  static bool run_task(const detail::TiledCall<K, T, Var>& c, index_t task, detail::TileScratch<K>& sc) {
+    if constexpr (!std::is_same_v<T, bfloat16>) {
+      return false;
+    } else {
+      const detail::AttentionProblem<T>& p = c.p;
+      const detail::WorkUnit& u = c.w.unit_of(task);
+      const auto N = static_cast<index_t>(hn::Lanes(D()));
+      if (p.k_strides.dim != 1 || u.rows() <= kBq / 4) return false;
+      if (u.kv_groups > 1 && u.group_rows() % N != 0) return false;
+      if (!use_native()) return false;
+      detail::bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
+      if constexpr (kNative) {
+        run_native<true>(c, task, sc);
+      } else {
+        run_native<false>(c, task, sc);
+      }
+      return true;
+    }
+  }
+
+  template <bool kHw, class Var>
+  static void run_native(const detail::TiledCall<K, bfloat16, Var>& c, index_t task, detail::TileScratch<K>& sc) {
+    const detail::AttentionProblem<bfloat16>& p = c.p;
+    const detail::WorkUnit& u = c.w.unit_of(task);
+    const index_t split = task % c.w.splits;
+    const detail::SequenceGeometry& seq = p.sequence(u.sequence);
+    const detail::TaskRows t = detail::task_rows<K>(u, sc.row_q.data(), sc.row_head.data());
+    // Qt2 (ceil(dk / 2) x kBlockQ pairs) lives in the Qt buffer (dk x kBlockQ).
+    float* qt2 = sc.qt.get();
+    pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), qt2);
+    float *m = sc.m.get(), *l = sc.l.get(), *o = sc.o.get();
+    std::fill_n(m, kBq, detail::kNegInf);
+    std::fill_n(l, kBq, 0.0f);
+    std::fill_n(o, t.rows_p * c.w.dvp, 0.0f);
+    const std::uint16_t* krows[kBkv];
+
+    const index_t n = u.num_tiles();
+    for (index_t i = n * split / c.w.splits; i < n * (split + 1) / c.w.splits; ++i) {
+      const detail::TileRef ref = c.w.tiles[u.tiles_begin + static_cast<std::size_t>(i)];
+      const index_t kv0 = static_cast<index_t>(ref.kv_block) * kBkv;
+      const index_t cols = std::min(kBkv, seq.kv_len - kv0);
+      for (index_t g = 0; g < u.kv_groups; ++g) {
+        const index_t kv_head = u.head0 / p.group + g;
+        const index_t r0 = g * t.group_rows;
+        // K in place, row by row (a paged cache's rows may lie in several pages).
+        for (index_t j = 0; j < cols; ++j) krows[j] = bits_of(p.k_row(seq, kv0 + j, kv_head));
+        const ScoreTile tile{
+            sc.st.get() + r0,        kBq,        t.group_rows, t.group_rows_p, cols,      sc.row_q.data() + r0,
+            sc.row_head.data() + r0, u.sequence, kv0,          seq.q_len,      seq.kv_len};
+        scores<kHw>(qt2 + r0, t.group_rows_p, p.dk, krows, cols, c.q_scale, tile.scores);
+        detail::transform_scores<K>(c.variant, tile);
+        detail::mask_tile<K>(c.w.column_bits, c.w.column_tile_bytes, c.bm, ref, tile, u.q_block);
+        K::online_softmax(tile.scores, cols, t.group_rows_p, m + r0, l + r0, sc.alpha.get() + r0);
+        pack_p(tile.scores, cols, t.group_rows_p);
+        pack_v([&](index_t j) { return p.v_row(seq, kv0 + j, kv_head); }, p.v_strides.dim, cols, p.dv, c.w.dvp,
+               sc.vbuf.get());
+        accumulate_pv<kHw>(tile.scores, t.group_rows, (cols + 1) / 2, sc.vbuf.get(), c.w.dvp, sc.alpha.get() + r0,
+                           o + r0 * c.w.dvp);
+      }
+    }
+    if (c.w.splits > 1) {
+      detail::store_partials<K>(c.partials, task, t, c.w.dvp, o, m, l);
+      return;
+    }
+    for (index_t r = 0; r < t.rows; ++r) {
+      detail::finalize_row(p, seq, sc.row_q[static_cast<std::size_t>(r)], sc.row_head[static_cast<std::size_t>(r)],
+                           SoftmaxState{m[r], l[r]}, o + r * c.w.dvp, c.variant);
+    }
+  }
+};
+
+}  // namespace seqattn::HWY_NAMESPACE
+
+// The engine's hook (attention/detail/bf16_dot.hpp) for this target's kernel.
+namespace seqattn::detail {
+template <>
+struct Bf16DotTask<::seqattn::HWY_NAMESPACE::FlashKernel> {
+  template <class Call, class Scratch>
+  static bool run(const Call& c, index_t task, Scratch& sc) {
+    return ::seqattn::HWY_NAMESPACE::Bf16DotKernel::run_task(c, task, sc);
+  }
+};
+}  // namespace seqattn::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // toggle guard

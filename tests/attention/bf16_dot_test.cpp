@@ -1,0 +1,266 @@
+// The bf16 pair-dot path of the Highway backend (backends/highway_bf16-inl.h)
+// forced on, against the fp32 reference, and against the widening path.
+//
+// On a CPU without AVX512_BF16 (or a build without -mavx512bf16) the forced
+// native path runs the emulated pair dot: the same layouts, packing, tails and
+// P rounding, so this file tests the path on every target; the instruction
+// itself is tested where the binary is built for it (scripts/
+// build-cpu-bundle.sh) and run on such a CPU.
+//
+// Tolerances. The reference runs in fp32 on the exact fp32 values of the bf16
+// inputs and writes fp32. The native path computes q.k exactly up to fp32
+// summation order (bf16 x bf16 products are exact in fp32; the scale is
+// applied after the dot), so its only rounding beyond the widening path's is
+// P's: each weight is rounded to bf16 with relative error <= u = 2^-8, which
+// moves an output element by at most u * max|V| (the weights sum to l).
+// Writing the output as bf16 adds at most u * |o|. Hence, per element,
+//   |o - ref| <= u * |ref| + u * max|V| (+ 1e-5 * max|V| for fp32 order),
+// and for random data the errors are unbiased: NMSE about 2 * u^2 / 3
+// (1e-5) at most; measured 4-5e-6 (the widening path: 2-3e-6, output
+// rounding alone); we require <= 2e-5. Native against widen: both round the output, so
+// one bf16 ulp (2u |o|) plus P's u * max|V|.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "seqattn/backends/highway.hpp"
+#include "seqattn/masks.hpp"
+
+#include "attention_test_support.hpp"
+
+using namespace seqattn;
+using namespace seqattn::testing;
+
+namespace {
+
+constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff, 2^-8
+
+// Sets the path for one scope and restores the previous one.
+class PathScope {
+ public:
+  explicit PathScope(Bf16DotPath path) : saved_(bf16_dot_path()) { set_bf16_dot_path(path); }
+  ~PathScope() { set_bf16_dot_path(saved_); }
+  PathScope(const PathScope&) = delete;
+  PathScope& operator=(const PathScope&) = delete;
+
+ private:
+  Bf16DotPath saved_;
+};
+
+// bf16 inputs and their exact fp32 copies. K may be stored with a head-dim
+// stride other than 1 (storage [B, S, D, Hkv], seen as BSHD).
+struct Case {
+  index_t batch, sq, skv, heads, kv_heads, d;
+  Tensor<bfloat16> q, k, v;
+  Tensor<float> qf, kf, vf;
+  bool k_dim_strided = false;
+  Case(std::mt19937& rng, index_t batch_, index_t sq_, index_t skv_, index_t heads_, index_t kv_heads_, index_t d_,
+       bool k_dim_strided_ = false)
+      : batch(batch_),
+        sq(sq_),
+        skv(skv_),
+        heads(heads_),
+        kv_heads(kv_heads_),
+        d(d_),
+        q(random_tensor<bfloat16>(detail::make_extents({batch, sq, heads, d}), rng)),
+        k(random_tensor<bfloat16>(k_dim_strided_ ? detail::make_extents({batch, skv, d, kv_heads})
+                                                 : detail::make_extents({batch, skv, kv_heads, d}),
+                                  rng)),
+        v(random_tensor<bfloat16>(detail::make_extents({batch, skv, kv_heads, d}), rng)),
+        qf(widen(q)),
+        kf(widen(k)),
+        vf(widen(v)),
+        k_dim_strided(k_dim_strided_) {}
+  static Tensor<float> widen(const Tensor<bfloat16>& t) {
+    Tensor<float> f(t.shape());
+    for (index_t i = 0; i < t.size(); ++i) f.data()[i] = to_float(t.data()[i]);
+    return f;
+  }
+  template <class T>
+  TensorView<const T> k_view(const Tensor<T>& t) const {
+    if (!k_dim_strided) return TensorView<const T>(t.data(), t.shape());
+    const index_t sd = kv_heads, sh = 1, ss = d * kv_heads, sb = skv * ss;
+    return TensorView<const T>(t.data(), detail::make_extents({batch, skv, kv_heads, d}),
+                               detail::make_extents({sb, ss, sh, sd}));
+  }
+  AttentionInputs<bfloat16> in() const {
+    return {TensorView<const bfloat16>(q.data(), q.shape()), k_view(k),
+            TensorView<const bfloat16>(v.data(), v.shape())};
+  }
+  AttentionInputs<float> in_f32() const {
+    return {TensorView<const float>(qf.data(), qf.shape()), k_view(kf), TensorView<const float>(vf.data(), vf.shape())};
+  }
+  Extents out_shape() const { return detail::make_extents({batch, sq, heads, d}); }
+  Extents lse_shape() const { return detail::make_extents({batch, heads, sq}); }
+  double max_abs_v() const {
+    double m = 0;
+    for (index_t i = 0; i < vf.size(); ++i) m = std::max(m, std::abs(static_cast<double>(vf.data()[i])));
+    return m;
+  }
+};
+
+struct Run {
+  Tensor<bfloat16> out;
+  Tensor<float> lse;
+  std::uint64_t native_tasks = 0;
+};
+
+template <class M, class Var>
+Run run_highway(const Case& x, const M& mask, const Var& variant, Bf16DotPath path, int workers, index_t kv_splits) {
+  const PathScope scope(path);
+  Run r{Tensor<bfloat16>(x.out_shape(), from_float<bfloat16>(7.0f)), Tensor<float>(x.lse_shape(), 7.0f)};
+  execution::ThreadPool pool(workers);
+  const auto plan = plan_attention<backends::Highway>(shape_of(x.in()), mask, PlanOptions{kv_splits}, workers);
+  const std::uint64_t before = bf16_native_tasks();
+  attention_forward(plan, x.in(), r.out.view(), r.lse.view(), variant, pool);
+  r.native_tasks = bf16_native_tasks() - before;
+  return r;
+}
+
+template <class M, class Var>
+std::pair<Tensor<float>, Tensor<float>> run_reference(const Case& x, const M& mask, const Var& variant) {
+  Tensor<float> out(x.out_shape(), 7.0f), lse(x.lse_shape(), 7.0f);
+  attention_forward(plan_attention<backends::Reference>(shape_of(x.in_f32()), mask), x.in_f32(), out.view(), lse.view(),
+                    variant);
+  return {std::move(out), std::move(lse)};
+}
+
+// Element bound of the header comment; returns the NMSE.
+double check_elements(const Tensor<bfloat16>& got, const Tensor<float>& want, double rel, double abs_tol) {
+  REQUIRE(got.shape() == want.shape());
+  index_t bad = 0, first_bad = -1;
+  double sq_diff = 0, sq_ref = 0;
+  for (index_t i = 0; i < got.size(); ++i) {
+    const double g = to_float(got.data()[i]), w = want.data()[i];
+    const double diff = std::abs(g - w);
+    if (!(diff <= rel * std::abs(w) + abs_tol) && bad++ == 0) first_bad = i;
+    sq_diff += diff * diff;
+    sq_ref += w * w;
+  }
+  INFO("first element out of bound: " << first_bad << " of " << got.size());
+  CHECK(bad == 0);
+  return sq_ref > 0 ? sq_diff / sq_ref : sq_diff;
+}
+
+// Forced native and forced widen against the reference and each other.
+// expect_native: whether the native path should have taken any task.
+template <class M, class Var>
+void check_case(const Case& x, const M& mask, const Var& variant, bool expect_native, int workers = 2,
+                index_t kv_splits = 0) {
+  const auto [want, want_lse] = run_reference(x, mask, variant);
+  const Run native = run_highway(x, mask, variant, Bf16DotPath::native, workers, kv_splits);
+  const Run widen = run_highway(x, mask, variant, Bf16DotPath::widen, workers, kv_splits);
+  const double vmax = x.max_abs_v();
+  INFO("sq " << x.sq << " skv " << x.skv << " heads " << x.heads << "/" << x.kv_heads << " d " << x.d);
+  CHECK(widen.native_tasks == 0);
+  if (expect_native) {
+    CHECK(native.native_tasks > 0);
+  } else {
+    CHECK(native.native_tasks == 0);
+  }
+  const double nmse_native = check_elements(native.out, want, kU, kU * vmax + 1e-5 * vmax);
+  const double nmse_widen = check_elements(widen.out, want, kU, 1e-5 * vmax);
+  INFO("NMSE native " << nmse_native << ", widen " << nmse_widen);
+  CHECK(nmse_native <= 2e-5);
+  // Native against widen: one bf16 ulp of the output plus P's rounding.
+  const Tensor<float> widen_f32 = Case::widen(widen.out);
+  check_elements(native.out, widen_f32, 2 * kU, kU * vmax + 1e-5 * vmax);
+  // The scores are the same up to fp32 order: the LSE agrees closely.
+  check_lse(native.lse, want_lse, 1e-5);
+  check_lse(native.lse, widen.lse, 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("bf16 dot path: randomized prefill shapes and masks against the fp32 reference", "[bf16_dot]") {
+  std::mt19937 rng(1301);
+  const index_t dims[] = {64, 72, 80, 128, 33};
+  const index_t lens[] = {45, 70, 127, 130, 200, 257};
+  const std::pair<index_t, index_t> groups[] = {{4, 4}, {6, 2}, {8, 1}};
+  for (int trial = 0; trial < 10; ++trial) {
+    const index_t d = dims[trial % 5];
+    const index_t sq = lens[rng() % 6];
+    const index_t skv = trial % 3 == 0 ? lens[rng() % 6] : sq;
+    const auto [heads, kv_heads] = groups[rng() % 3];
+    const index_t batch = 1 + trial % 2;
+    const Case x(rng, batch, sq, skv, heads, kv_heads, d);
+    DYNAMIC_SECTION("trial " << trial << ": B " << batch << " sq " << sq << " skv " << skv << " d " << d << " heads "
+                             << heads << "/" << kv_heads) {
+      check_case(x, CausalMask{Alignment::bottom_right}, variants::Default{}, true);
+      check_case(x, FullMask{}, variants::Default{}, true);
+    }
+  }
+}
+
+TEST_CASE("bf16 dot path: documents with empty segments, rows that see nothing", "[bf16_dot]") {
+  std::mt19937 rng(1302);
+  const Case x(rng, 1, 203, 203, 4, 2, 80);
+  SECTION("documents, some of length 0") {
+    check_case(x, TestDocumentMask{{37, 0, 5, 90, 0, 1, 64}}, variants::Default{}, true);
+  }
+  SECTION("every third row fully masked") { check_case(x, TestBlankRowsMask{}, variants::Default{}, true); }
+  SECTION("sliding window") {
+    check_case(x, SlidingWindowMask{20, 3, Alignment::bottom_right}, variants::Default{}, true);
+  }
+  SECTION("random dense predicate") { check_case(x, TestRandomDenseMask{17, 0.35f}, variants::Default{}, true); }
+}
+
+TEST_CASE("bf16 dot path: score variants run on the native path", "[bf16_dot]") {
+  // The variant hooks act on the fp32 scores, the same on both paths.
+  std::mt19937 rng(1303);
+  const Case x(rng, 2, 150, 150, 6, 2, 72);
+  std::vector<float> slopes, sinks;
+  for (index_t h = 0; h < x.heads; ++h) {
+    slopes.push_back(std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(x.heads)));
+    sinks.push_back(0.5f * static_cast<float>(h % 3) - 0.25f);
+  }
+  SECTION("softcap") { check_case(x, CausalMask{}, variants::Softcap{5.0f}, true); }
+  SECTION("ALiBi") { check_case(x, CausalMask{Alignment::bottom_right}, variants::Alibi{slopes}, true); }
+  SECTION("sinks") { check_case(x, CausalMask{}, variants::Sinks{sinks}, true); }
+  SECTION("scale, softcap and ALiBi chained") {
+    check_case(x, FullMask{}, variants::chain(variants::Scale{0.2f}, variants::Softcap{3.0f}, variants::Alibi{slopes}),
+               true);
+  }
+}
+
+TEST_CASE("bf16 dot path: KV splits and odd head dims", "[bf16_dot]") {
+  std::mt19937 rng(1304);
+  SECTION("kv splits merge native partials") {
+    const Case x(rng, 1, 140, 300, 4, 4, 64);
+    check_case(x, FullMask{}, variants::Default{}, true, 2, 3);
+  }
+  SECTION("d = 17") {
+    const Case x(rng, 1, 100, 77, 2, 1, 17);
+    check_case(x, CausalMask{Alignment::bottom_right}, variants::Default{}, true);
+  }
+  SECTION("d = 1") {
+    const Case x(rng, 1, 66, 65, 2, 2, 1);
+    check_case(x, FullMask{}, variants::Default{}, true);
+  }
+}
+
+TEST_CASE("bf16 dot path: the widening path keeps what native does not take", "[bf16_dot]") {
+  std::mt19937 rng(1305);
+  SECTION("decode (few rows)") {
+    const Case x(rng, 2, 1, 300, 8, 2, 128);
+    check_case(x, CausalMask{Alignment::bottom_right}, variants::Default{}, false);
+  }
+  SECTION("K with a head-dim stride other than 1") {
+    const Case x(rng, 1, 130, 130, 4, 2, 72, true);
+    check_case(x, CausalMask{}, variants::Default{}, false);
+  }
+}
+
+TEST_CASE("bf16 dot path: automatic choice and bad settings", "[bf16_dot]") {
+  using Kernel = seqattn::HWY_NAMESPACE::Bf16DotKernel;
+  std::mt19937 rng(1306);
+  const Case x(rng, 1, 130, 130, 4, 4, 64);
+  const Run r = run_highway(x, CausalMask{}, variants::Default{}, Bf16DotPath::automatic, 2, 0);
+  // Without the instruction the emulation is never chosen automatically.
+  if (!Kernel::kNative) CHECK(r.native_tasks == 0);
+  if (Kernel::kNative) CHECK((r.native_tasks > 0) == Kernel::native_is_faster());
+  CHECK_THROWS_AS(set_bf16_dot_path(static_cast<Bf16DotPath>(3)), std::invalid_argument);
+  CHECK(bf16_dot_path() == static_cast<Bf16DotPath>(SEQATTN_BF16_DOT));
+}

@@ -149,7 +149,10 @@ BENCHMARK_TEMPLATE(BM_PrefillCausal, float)
     ->ArgsProduct({{1024, 4096, 16384}, {1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseManualTime();
-BENCHMARK_TEMPLATE(BM_PrefillCausal, bfloat16)->Args({4096, 2})->Unit(benchmark::kMillisecond)->UseManualTime();
+BENCHMARK_TEMPLATE(BM_PrefillCausal, bfloat16)
+    ->ArgsProduct({{4096, 16384}, {2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
 
 // 16 documents of unequal length packed into 8192 tokens; compare its time
 // with causal 8k (same tokens, no documents): the ratio should follow `tiles`.

@@ -8,11 +8,12 @@ and their ratio. Without torch it prints seqattn's column alone.
 
   python3 bench/compare/compare_sdpa.py --bench build/h-perf-native/bench/seqattn_attention
 
-Shapes (fp32, d = 128, batch 1):
+Shapes (fp32 unless marked bf16, d = 128, batch 1):
   causal 4k / 16k   8 heads, causal                      BM_PrefillCausal<float>/{4096,16384}/2
+  causal bf16       the same in bf16                      BM_PrefillCausal<bfloat16>/{4096,16384}/2
   documents 8k      16 causal documents in 8192 tokens    BM_Documents8k/2
   window 16k        sliding window of 1024 keys, causal   BM_SlidingWindow16k/2
-  decode 32k        1 query, 32 heads over 4 KV heads     BM_DecodeGqa8<float>/2
+  decode 32k        1 query, 32 heads over 4 KV heads     BM_DecodeGqa8<float>/2 (and <bfloat16>)
 
 PyTorch has no document or window kernel on CPU: those rows pass a dense
 boolean mask (materialized, as users of SDPA must), which is part of the
@@ -26,12 +27,15 @@ import sys
 import time
 
 SHAPES = [
-    # name, seqattn benchmark name, torch case
-    ("causal 4k", "BM_PrefillCausal<float>/4096/2", ("causal", 4096)),
-    ("causal 16k", "BM_PrefillCausal<float>/16384/2", ("causal", 16384)),
-    ("16 documents in 8k", "BM_Documents8k/2", ("documents", 8192)),
-    ("window 1k over 16k", "BM_SlidingWindow16k/2", ("window", 16384)),
-    ("decode 32k GQA 32/4", "BM_DecodeGqa8<float>/2", ("decode", 32768)),
+    # name, seqattn benchmark name, torch case (kind, tokens, dtype)
+    ("causal 4k", "BM_PrefillCausal<float>/4096/2", ("causal", 4096, "float32")),
+    ("causal 16k", "BM_PrefillCausal<float>/16384/2", ("causal", 16384, "float32")),
+    ("causal 4k bf16", "BM_PrefillCausal<bfloat16>/4096/2", ("causal", 4096, "bfloat16")),
+    ("causal 16k bf16", "BM_PrefillCausal<bfloat16>/16384/2", ("causal", 16384, "bfloat16")),
+    ("16 documents in 8k", "BM_Documents8k/2", ("documents", 8192, "float32")),
+    ("window 1k over 16k", "BM_SlidingWindow16k/2", ("window", 16384, "float32")),
+    ("decode 32k GQA 32/4", "BM_DecodeGqa8<float>/2", ("decode", 32768, "float32")),
+    ("decode 32k bf16", "BM_DecodeGqa8<bfloat16>/2", ("decode", 32768, "bfloat16")),
 ]
 
 # The document lengths of BM_Documents8k (the 16th takes the rest of 8192).
@@ -40,11 +44,14 @@ DOC_LENGTHS = [300, 700, 512, 256, 1024, 128, 640, 384, 512, 896, 200, 440, 512,
 
 def run_seqattn(binary, repetitions):
     """Median real time (ms) of each benchmark, from Google Benchmark's JSON."""
-    pattern = "^(" + "|".join(_escape(n) for _, n, _ in SHAPES) + ")$"
+    # Benchmarks timed manually carry a /manual_time suffix in their names.
+    pattern = "^(" + "|".join(_escape(n) for _, n, _ in SHAPES) + ")(/manual_time|/real_time)?$"
     cmd = [binary, "--benchmark_filter=" + pattern, "--benchmark_format=json",
            "--benchmark_repetitions=%d" % repetitions, "--benchmark_report_aggregates_only=true"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    data = json.loads(out)
+    run = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    if not run.stdout.strip():
+        sys.exit("compare_sdpa: %s printed no results: %s" % (binary, run.stderr.strip().splitlines()[-1:]))
+    data = json.loads(run.stdout)
     times = {}
     for b in data["benchmarks"]:
         if b.get("aggregate_name") != "median":
@@ -59,27 +66,52 @@ def run_seqattn(binary, repetitions):
     return times, data.get("context", {})
 
 
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def _num(x):
+    try:
+        return "%.1f" % float(x)
+    except (TypeError, ValueError):
+        return "?"
+
+
 def _escape(name):
-    return "".join("\\" + c if c in "<>()[].*+?^$|" else c for c in name)
+    # POSIX extended syntax (Google Benchmark's std::regex): '<' and '>' are
+    # plain characters and may not be escaped.
+    return "".join("\\" + c if c in "()[]{}.*+?^$|\\" else c for c in name)
 
 
-def torch_case(torch, kind, n, threads):
-    """A callable running SDPA for one shape, and a description."""
+def torch_case(torch, kind, n, dtype):
+    """A callable running SDPA for one shape."""
     F = torch.nn.functional
     torch.manual_seed(0)
     d = 128
+    dt = getattr(torch, dtype)
+
+    def randn(*shape):
+        return torch.randn(*shape).to(dt)
+
     if kind == "decode":
-        q = torch.randn(1, 32, 1, d)
-        k = torch.randn(1, 4, n, d)
-        v = torch.randn(1, 4, n, d)
+        q = randn(1, 32, 1, d)
+        k = randn(1, 4, n, d)
+        v = randn(1, 4, n, d)
         try:
             F.scaled_dot_product_attention(q, k[:, :, :8], v[:, :, :8], enable_gqa=True)
             return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         except TypeError:  # torch < 2.5: repeat K/V per query head, as users did
             return lambda: F.scaled_dot_product_attention(q, k.repeat_interleave(8, 1), v.repeat_interleave(8, 1))
-    q = torch.randn(1, 8, n, d)
-    k = torch.randn(1, 8, n, d)
-    v = torch.randn(1, 8, n, d)
+    q = randn(1, 8, n, d)
+    k = randn(1, 8, n, d)
+    v = randn(1, 8, n, d)
     if kind == "causal":
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     idx = torch.arange(n)
@@ -122,7 +154,10 @@ def main():
     if torch is not None:
         torch.set_num_threads(args.threads)
 
+    print("CPU: %s" % cpu_model())
     print("seqattn: %s, Highway target %s" % (args.bench, context.get("highway_target", "?")))
+    print("limits measured in the same run: fp32 FMA peak %s GFLOP/s, streaming read %s GB/s (all usable CPUs)"
+          % (_num(context.get("fma_peak_gflops_all")), _num(context.get("read_gbps_all"))))
     if torch is not None:
         print("PyTorch %s, %d threads, CPU SDPA" % (torch.__version__, torch.get_num_threads()))
     else:
@@ -131,12 +166,12 @@ def main():
     header = "%-22s %12s %12s %10s" % ("shape", "seqattn ms", "torch ms", "torch/ours")
     print(header)
     print("-" * len(header))
-    for label, name, (kind, n) in SHAPES:
+    for label, name, (kind, n, dtype) in SHAPES:
         ours = seq_times.get(name)
         theirs = None
         if torch is not None:
             try:
-                theirs = time_ms(torch_case(torch, kind, n, args.threads), args.repetitions)
+                theirs = time_ms(torch_case(torch, kind, n, dtype), args.repetitions)
             except RuntimeError as e:  # e.g. out of memory for a dense mask
                 print("  (torch failed on %s: %s)" % (label, e), file=sys.stderr)
         ratio = theirs / ours if ours and theirs else None

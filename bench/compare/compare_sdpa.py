@@ -48,9 +48,10 @@ def run_seqattn(binary, repetitions):
     pattern = "^(" + "|".join(_escape(n) for _, n, _ in SHAPES) + ")(/manual_time|/real_time)?$"
     cmd = [binary, "--benchmark_filter=" + pattern, "--benchmark_format=json",
            "--benchmark_repetitions=%d" % repetitions, "--benchmark_report_aggregates_only=true"]
-    run = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    if not run.stdout.strip():
-        sys.exit("compare_sdpa: %s printed no results: %s" % (binary, run.stderr.strip().splitlines()[-1:]))
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0 or not run.stdout.strip():
+        last = (run.stderr.strip().splitlines() or ["(no output)"])[-1]
+        sys.exit("compare_sdpa: %s exited %d with no results: %s" % (binary, run.returncode, last))
     data = json.loads(run.stdout)
     times = {}
     for b in data["benchmarks"]:
@@ -156,6 +157,7 @@ def main():
 
     print("CPU: %s" % cpu_model())
     print("seqattn: %s, Highway target %s" % (args.bench, context.get("highway_target", "?")))
+    # The binary measures its limits on every CPU it may use: pin it (taskset) to the threads compared.
     print("limits measured in the same run: fp32 FMA peak %s GFLOP/s, streaming read %s GB/s (all usable CPUs)"
           % (_num(context.get("fma_peak_gflops_all")), _num(context.get("read_gbps_all"))))
     if torch is not None:

@@ -225,6 +225,25 @@ TEST_CASE("bf16 dot path: score variants run on the native path", "[bf16_dot]") 
   }
 }
 
+TEST_CASE("bf16 dot path: GQA heads stacked as rows of one task", "[bf16_dot]") {
+  // Few queries per sequence with large GQA groups: the plan stacks a group's
+  // heads (and, where each group fills whole vectors, several K/V heads) into
+  // the rows of one task, so the path's row offsets per K/V group run.
+  std::mt19937 rng(1307);
+  SECTION("16 queries, 8 heads over 1 K/V head: 128 stacked rows") {
+    const Case x(rng, 1, 16, 150, 8, 1, 64);
+    check_case(x, CausalMask{Alignment::bottom_right}, variants::Default{}, true);
+  }
+  SECTION("8 queries, 16 heads over 2 K/V heads: two groups of 64 rows in one task") {
+    const Case x(rng, 2, 8, 97, 16, 2, 72);
+    check_case(x, CausalMask{Alignment::bottom_right}, variants::Default{}, true);
+  }
+  SECTION("5 queries, 16 heads over 2 K/V heads: 40 rows per task, padded") {
+    const Case x(rng, 1, 5, 130, 16, 2, 128);
+    check_case(x, FullMask{}, variants::Default{}, true);
+  }
+}
+
 TEST_CASE("bf16 dot path: KV splits and odd head dims", "[bf16_dot]") {
   std::mt19937 rng(1304);
   SECTION("kv splits merge native partials") {

@@ -29,8 +29,9 @@
 // P.V register block: kPvRows rows x kPvVecs head-dim vectors.
 //   AVX3: 6 x 4 = 24 accumulators; per key 4 V loads + 6 broadcasts for 24
 //     FMAs; the O block is loaded once per tile and rescaled by alpha then.
-//   16-register targets: 4 x 2. Head-dim groups are the outer loop, so one
-//   group's V slice (16 KiB at AVX3) stays in L1 across the row blocks.
+//   16-register targets: 4 x 2. Head-dim groups are the outer loop: one
+//   group's V slice (16 KiB at AVX3) is read by every row block, in L1 for
+//   decode; in prefill, with St's 32 KiB beside it, from L1 or L2.
 // Traffic per 128 x 64 tile, d = 128, fp32: K and V tiles 32 KiB each (read
 // once per q-tile, from L2/L3 in prefill), Qt 64 KiB and O 64 KiB (L2, the
 // task's lifetime), St 32 KiB. 4.2 MFLOP per 64 KiB of K/V: 64 FLOP/byte,
@@ -73,6 +74,17 @@
 
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/tensor.hpp"
+
+// Two TUs built for the same Highway target, one with AVX512_BF16 in its
+// flags (-march=sapphirerapids, znver4) and one without, compile different
+// bf16 kernel bodies (highway_bf16-inl.h uses VDPBF16PS only in the first).
+// The kernels live in an inline namespace named for that, as backends::Highway
+// does for the target, so the linker never merges the two bodies.
+#if defined(__AVX512BF16__)
+#define SEQATTN_KERNEL_ISA isa_bf16
+#else
+#define SEQATTN_KERNEL_ISA isa_base
+#endif
 #endif
 
 #if defined(SEQATTN_BACKENDS_HIGHWAY_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -91,6 +103,8 @@ HWY_BEFORE_NAMESPACE();
 namespace seqattn::HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
+
+inline namespace SEQATTN_KERNEL_ISA {
 
 struct FlashKernel {
   using D = hn::CappedTag<float, 16>;
@@ -241,6 +255,7 @@ struct FlashKernel {
 
   static void ScoresRowPairs(const float* HWY_RESTRICT qt, index_t dk, const float* HWY_RESTRICT k, index_t k_stride,
                              index_t cols, float* HWY_RESTRICT st) {
+    static_assert(kLanes == 16, "the lane permutation and kPairRow assume 16 fp32 lanes");
     const D d;
     const hn::Half<D> dh;
     const hn::RebindToSigned<D> di;
@@ -284,10 +299,14 @@ struct FlashKernel {
           acc[j] = hn::MulAdd(q, hn::BitCast(d, hn::Set(du64, two)), acc[j]);
         }
       }
-      if (odd) {
+      if (odd) {  // K[dk - 1] in the even lanes only: 0 * inf would make the pair sum NaN
         const V q = hn::Load(d, qp + 16 * pairs);
         HWY_UNROLL(16)
-        for (int j = 0; j < kPairKeys; ++j) acc[j] = hn::MulAdd(q, hn::Set(d, kp[j][2 * pairs]), acc[j]);
+        for (int j = 0; j < kPairKeys; ++j) {
+          std::uint32_t last;
+          std::memcpy(&last, kp[j] + 2 * pairs, sizeof(last));
+          acc[j] = hn::MulAdd(q, hn::BitCast(d, hn::Set(du64, std::uint64_t{last})), acc[j]);
+        }
       }
       for (int j = 0; j < keys; j += 2) {
         const V a = hn::Add(acc[j], hn::Shuffle2301(acc[j]));
@@ -518,9 +537,9 @@ struct FlashKernel {
     }
   }
 
-  // Head-dim groups outermost: one group's slice of the V tile (64 keys x
-  // kPvVecs vectors, 16 KiB at AVX3) stays in L1 while every row block reads
-  // it; rows outermost re-read the whole V tile from L2 per row block.
+  // Head-dim groups outermost: every row block reads one group's slice of
+  // the V tile (64 keys x kPvVecs vectors, 16 KiB at AVX3) before the next
+  // slice, instead of the whole V tile per row block.
   static void accumulate_pv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
                             index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
     const auto N = static_cast<index_t>(hn::Lanes(D()));
@@ -565,6 +584,7 @@ struct FlashKernel {
   }
 };
 
+}  // namespace SEQATTN_KERNEL_ISA
 }  // namespace seqattn::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 

@@ -25,7 +25,9 @@
 namespace seqattn::backends {
 // Target-named inline namespace: TUs built with different flags get different
 // `Highway` types, so the linker cannot merge an AVX2 body into a SCALAR TU.
-inline namespace HWY_CONCAT(abi_, HWY_NAMESPACE) {
+// With the kernels' ISA tag too (highway-inl.h): a TU with AVX512_BF16 and one
+// without get different Highway types at the same target.
+inline namespace HWY_CONCAT(HWY_CONCAT(abi_, HWY_NAMESPACE), HWY_CONCAT(_, SEQATTN_KERNEL_ISA)) {
 
   // Policy type: the Highway SIMD backend for this TU's static target.
   struct Highway : CpuTiled<::seqattn::HWY_NAMESPACE::FlashKernel> {

@@ -21,7 +21,8 @@
 //     pack); K is used IN PLACE, [key][d] bf16: K[j][2i..2i+1] is one 32-bit
 //     broadcast. acc[row-vec][key] += dot2(Qt2 vector, broadcast K pair). The
 //     softmax scale multiplies the accumulators at the store, so the scores
-//     equal the widening path's up to fp32 summation order. Odd dk: the last
+//     equal the widening path's up to fp32 rounding (order of the sums, and
+//     the scale applied once instead of to each element of Q). Odd dk: the last
 //     pair's high half is zero in Qt2 and the K element beyond the row is
 //     never read (a 16-bit load).
 //   P.V (reduce over keys): P (fp32 in St[key][row] after online_softmax) is
@@ -51,8 +52,10 @@
 // convert); P.V widen 84 (82), emulated 72 (67 with the P and V packing).
 // On a 16-core Sapphire Rapids VM (AVX3_DL static target with AVX512_BF16,
 // the bundle of scripts/build-cpu-bundle.sh, one thread): fp32 FMA 150
-// GFLOP/s, VDPBF16PS 74 GFLOP/s counting 2 FLOP per bf16 MAC, i.e. half the
-// FMA rate per instruction (one instruction issues where two FMAs do); QK^T
+// GFLOP/s, VDPBF16PS 74 GFLOP/s counting 2 FLOP per bf16 MAC (both loops with
+// 12 independent chains), i.e. half the fp32 FLOP rate although each
+// instruction does twice the MACs of an FMA: a quarter of the FMA rate in
+// instructions, or the 12 chains do not cover its latency; QK^T
 // widen 117, pair dot 59 (80 counting the K conversion it saves); P.V widen
 // 132, pair dot 81 (67 with the P and V packing). The probe timed 35 us
 // (widen) against 56 us (pair dot) per tile and chose widen; causal 4k prefill,
@@ -109,6 +112,8 @@ HWY_BEFORE_NAMESPACE();
 namespace seqattn::HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
+
+inline namespace SEQATTN_KERNEL_ISA {  // see highway-inl.h
 
 struct Bf16DotKernel {
   using K = FlashKernel;
@@ -586,6 +591,7 @@ struct Bf16DotKernel {
   }
 };
 
+}  // namespace SEQATTN_KERNEL_ISA
 }  // namespace seqattn::HWY_NAMESPACE
 
 // The engine's hook (attention/detail/bf16_dot.hpp) for this target's kernel.

@@ -26,6 +26,7 @@
 #include "seqattn/masks.hpp"
 
 #include "support/bench_main.hpp"
+#include "support/random_tensor.hpp"
 
 namespace {
 
@@ -58,15 +59,6 @@ class HugeBuffer {
   T* data_ = nullptr;
   std::size_t bytes_ = 0;
 };
-
-template <class T>
-Tensor<T> random_tensor(const Extents& shape, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Tensor<T> t(shape);
-  for (auto& x : t.values()) x = from_float<T>(dist(rng));
-  return t;
-}
 
 // Allowed (q, kv) pairs of one head of one sequence.
 // Runs the planned forward pass once per benchmark iteration with manual
@@ -107,7 +99,7 @@ double allowed_pairs(const M& mask, index_t q_len, index_t kv_len) {
 template <class T, class M>
 void run_attention(benchmark::State& state, const M& mask, index_t batch, index_t q_len, index_t kv_len, index_t heads,
                    index_t kv_heads, index_t d, int threads, bool head_major = false) {
-  const auto q = random_tensor<T>({batch, q_len, heads, d}, 1);
+  const auto q = bench::random_tensor<T>({batch, q_len, heads, d}, 1);
   const Extents kv_shape = head_major ? Extents{batch, kv_heads, kv_len, d} : Extents{batch, kv_len, kv_heads, d};
   const HugeBuffer<T> k(kv_shape, 2), v(kv_shape, 3);
   Tensor<T> out({batch, q_len, heads, d});
@@ -211,7 +203,7 @@ void run_paged_decode(benchmark::State& state, index_t heads, index_t kv_heads) 
   const index_t page_size = state.range(0);
   const int threads = static_cast<int>(state.range(1));
   const index_t pages = (kKv + page_size - 1) / page_size;
-  const auto q = random_tensor<T>({1, 1, heads, kDim}, 1);
+  const auto q = bench::random_tensor<T>({1, 1, heads, kDim}, 1);
   const HugeBuffer<T> k({pages, page_size, kv_heads, kDim}, 2), v({pages, page_size, kv_heads, kDim}, 3);
   std::vector<std::int32_t> table(static_cast<std::size_t>(pages));
   for (index_t i = 0; i < pages; ++i) table[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
@@ -254,10 +246,10 @@ template <class T>
 void BM_BackwardCausal(benchmark::State& state) {
   const index_t s = state.range(0), heads = 8, d = 128;
   const int threads = static_cast<int>(state.range(1));
-  const auto q = random_tensor<T>({1, s, heads, d}, 1);
-  const auto k = random_tensor<T>({1, s, heads, d}, 2);
-  const auto v = random_tensor<T>({1, s, heads, d}, 3);
-  const auto dout = random_tensor<T>({1, s, heads, d}, 4);
+  const auto q = bench::random_tensor<T>({1, s, heads, d}, 1);
+  const auto k = bench::random_tensor<T>({1, s, heads, d}, 2);
+  const auto v = bench::random_tensor<T>({1, s, heads, d}, 3);
+  const auto dout = bench::random_tensor<T>({1, s, heads, d}, 4);
   Tensor<T> out({1, s, heads, d}), dq({1, s, heads, d}), dk({1, s, heads, d}), dv({1, s, heads, d});
   Tensor<float> lse({1, heads, s});
   const AttentionInputs<T> in{q.view(), k.view(), v.view()};
@@ -311,9 +303,9 @@ void BM_EightLayers(benchmark::State& state) {
   const DocumentLayout layout =
       DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), {1, kTokens}));
   const auto mask = document_mask(layout, CausalMask{});
-  const auto q = random_tensor<float>({1, kTokens, kHeads, kDim}, 1);
-  const auto k = random_tensor<float>({1, kTokens, kHeads, kDim}, 2);
-  const auto v = random_tensor<float>({1, kTokens, kHeads, kDim}, 3);
+  const auto q = bench::random_tensor<float>({1, kTokens, kHeads, kDim}, 1);
+  const auto k = bench::random_tensor<float>({1, kTokens, kHeads, kDim}, 2);
+  const auto v = bench::random_tensor<float>({1, kTokens, kHeads, kDim}, 3);
   Tensor<float> out({1, kTokens, kHeads, kDim});
   Tensor<float> lse({1, kHeads, kTokens});
   const AttentionInputs<float> in{q.view(), k.view(), v.view()};

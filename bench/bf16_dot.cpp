@@ -33,6 +33,7 @@
 #include "seqattn/masks.hpp"
 
 #include "support/bench_main.hpp"
+#include "support/random_tensor.hpp"
 
 namespace {
 
@@ -168,19 +169,11 @@ BENCHMARK(BM_Probe)->Iterations(3);
 // ---- end to end --------------------------------------------------------------------
 
 template <class T>
-Tensor<T> random_tensor(const Extents& shape, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Tensor<T> t(shape);
-  for (auto& x : t.values()) x = from_float<T>(dist(rng));
-  return t;
-}
-
-template <class T>
 double prefill_seconds(benchmark::State& state, index_t s, int threads) {
   constexpr index_t heads = 8;
   const Extents shape = detail::make_extents({1, s, heads, kD});
-  const auto q = random_tensor<T>(shape, 1), k = random_tensor<T>(shape, 2), v = random_tensor<T>(shape, 3);
+  const auto q = bench::random_tensor<T>(shape, 1), k = bench::random_tensor<T>(shape, 2),
+             v = bench::random_tensor<T>(shape, 3);
   Tensor<T> out(shape);
   Tensor<float> lse(detail::make_extents({1, heads, s}));
   const AttentionInputs<T> in{q.view(), k.view(), v.view()};

@@ -71,6 +71,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/tensor.hpp"
@@ -131,6 +132,41 @@ struct FlashKernel {
 
   static index_t padded_dim(index_t dv) { return (dv + kLanes - 1) / kLanes * kLanes; }
 
+  // Calls f(std::integral_constant<int, c>{}) with c = min(n, kMax), 1 <= n:
+  // the run-time size of a block at a tile's edge as the compile-time size
+  // the register-blocked loops below are instantiated for.
+  template <int kMax, class F>
+  static HWY_INLINE void WithBlockSize(index_t n, F&& f) {
+    static_assert(1 <= kMax && kMax <= 8);
+    using std::integral_constant;
+    switch (std::min<index_t>(n, kMax)) {
+      case 1:
+        f(integral_constant<int, 1>{});
+        break;
+      case 2:
+        f(integral_constant<int, HWY_MIN(2, kMax)>{});
+        break;
+      case 3:
+        f(integral_constant<int, HWY_MIN(3, kMax)>{});
+        break;
+      case 4:
+        f(integral_constant<int, HWY_MIN(4, kMax)>{});
+        break;
+      case 5:
+        f(integral_constant<int, HWY_MIN(5, kMax)>{});
+        break;
+      case 6:
+        f(integral_constant<int, HWY_MIN(6, kMax)>{});
+        break;
+      case 7:
+        f(integral_constant<int, HWY_MIN(7, kMax)>{});
+        break;
+      default:
+        f(integral_constant<int, kMax>{});
+        break;
+    }
+  }
+
   static void to_f32(const float* src, index_t n, float* dst) { std::copy_n(src, n, dst); }
 
   // bf16 -> f32 is a 16-bit shift; done on integer lanes so it works on
@@ -185,25 +221,6 @@ struct FlashKernel {
   }
 
   template <class DT, int kMaxVecs, int kKeys>
-  static HWY_INLINE void ScoresVecs(index_t vecs, const float* HWY_RESTRICT q, index_t dk, const float* const* krow,
-                                    int keys, float* HWY_RESTRICT s) {
-    switch (vecs) {
-      case 1:
-        ScoresBlock<DT, 1, kKeys>(q, dk, krow, keys, s);
-        break;
-      case 2:
-        ScoresBlock<DT, HWY_MIN(2, kMaxVecs), kKeys>(q, dk, krow, keys, s);
-        break;
-      case 3:
-        ScoresBlock<DT, HWY_MIN(3, kMaxVecs), kKeys>(q, dk, krow, keys, s);
-        break;
-      default:
-        ScoresBlock<DT, kMaxVecs, kKeys>(q, dk, krow, keys, s);
-        break;
-    }
-  }
-
-  template <class DT, int kMaxVecs, int kKeys>
   static HWY_INLINE void ScoresWith(const float* HWY_RESTRICT qt, index_t rows_p, index_t dk,
                                     const float* HWY_RESTRICT k, index_t k_stride, index_t cols,
                                     float* HWY_RESTRICT st) {
@@ -220,11 +237,13 @@ struct FlashKernel {
         float* s = st + j0 * kBlockQ + v0 * N;
         // 64 keys are 10 groups of 6 and 4 more: a 4-key block for those
         // instead of 6 keys' work (11% of QK^T time at d = 128, Cascade Lake).
-        if (keys <= kKeys / 2 + 1 && keys < kKeys) {
-          ScoresVecs<DT, kMaxVecs, HWY_MAX(1, kKeys / 2 + 1)>(vecs, q, dk, krow, keys, s);
-        } else {
-          ScoresVecs<DT, kMaxVecs, kKeys>(vecs, q, dk, krow, keys, s);
-        }
+        WithBlockSize<kMaxVecs>(vecs, [&](auto v) {
+          if (keys <= kKeys / 2 + 1 && keys < kKeys) {
+            ScoresBlock<DT, decltype(v)::value, HWY_MAX(1, kKeys / 2 + 1)>(q, dk, krow, keys, s);
+          } else {
+            ScoresBlock<DT, decltype(v)::value, kKeys>(q, dk, krow, keys, s);
+          }
+        });
       }
     }
   }
@@ -249,13 +268,16 @@ struct FlashKernel {
   static constexpr int kPairKeys = 16;
   static constexpr index_t kPairMaxDk = 512;  // stack buffer of interleaved Q
 
-  // Row order of the interleaved Q vector (InterleaveLower/Upper work within
-  // 128-bit blocks): lane pair p holds row kPairRow[p].
-  static constexpr std::int32_t kPairRow[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+  // InterleaveLower/Upper work within 128-bit blocks, so lane pair p of the
+  // interleaved Q vector holds row {0, 1, 4, 5, 2, 3, 6, 7}[p]. After the
+  // pair sums of keys j and j + 1 are blended (key j in even lanes, j + 1 in
+  // odd ones), output lane t (t < 8: key j, row t; t >= 8: key j + 1, row
+  // t - 8) is read from lane kPairUnpermute[t].
+  static constexpr std::int32_t kPairUnpermute[16] = {0, 2, 8, 10, 4, 6, 12, 14, 1, 3, 9, 11, 5, 7, 13, 15};
 
   static void ScoresRowPairs(const float* HWY_RESTRICT qt, index_t dk, const float* HWY_RESTRICT k, index_t k_stride,
                              index_t cols, float* HWY_RESTRICT st) {
-    static_assert(kLanes == 16, "the lane permutation and kPairRow assume 16 fp32 lanes");
+    static_assert(kLanes == 16, "kPairUnpermute assumes 16 fp32 lanes");
     const D d;
     const hn::Half<D> dh;
     const hn::RebindToSigned<D> di;
@@ -272,16 +294,7 @@ struct FlashKernel {
       hn::Store(hn::Combine(d, hn::InterleaveUpper(dh, even, zero), hn::InterleaveLower(dh, even, zero)), d,
                 qp + 16 * pairs);
     }
-    // Lane t of the output for key j (t < 8) / key j + 1 (t >= 8), from the
-    // blend of the two keys' pair sums (key j in even lanes, j + 1 in odd).
-    HWY_ALIGN std::int32_t unpermute[16];
-    for (int t = 0; t < 8; ++t) {
-      int p = 0;
-      while (kPairRow[p] != t) ++p;
-      unpermute[t] = 2 * p;
-      unpermute[t + 8] = 2 * p + 1;
-    }
-    const auto idx = hn::IndicesFromVec(d, hn::Load(di, unpermute));
+    const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, kPairUnpermute));
     for (index_t j0 = 0; j0 < cols; j0 += kPairKeys) {
       const int keys = static_cast<int>(std::min<index_t>(kPairKeys, cols - j0));
       const float* kp[kPairKeys];
@@ -517,26 +530,6 @@ struct FlashKernel {
     }
   }
 
-  // One group of at most kPvVecs head-dim vectors (starting at v, o) for kRows rows.
-  template <int kRows>
-  static HWY_INLINE void PvRows(index_t vecs, const float* HWY_RESTRICT pt, index_t cols, const float* HWY_RESTRICT v,
-                                index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
-    switch (vecs) {
-      case 1:
-        PvBlock<kRows, 1>(pt, cols, v, v_stride, alpha, o, dvp);
-        break;
-      case 2:
-        PvBlock<kRows, HWY_MIN(2, kPvVecs)>(pt, cols, v, v_stride, alpha, o, dvp);
-        break;
-      case 3:
-        PvBlock<kRows, HWY_MIN(3, kPvVecs)>(pt, cols, v, v_stride, alpha, o, dvp);
-        break;
-      default:
-        PvBlock<kRows, kPvVecs>(pt, cols, v, v_stride, alpha, o, dvp);
-        break;
-    }
-  }
-
   // Head-dim groups outermost: every row block reads one group's slice of
   // the V tile (64 keys x kPvVecs vectors, 16 KiB at AVX3) before the next
   // slice, instead of the whole V tile per row block.
@@ -545,41 +538,14 @@ struct FlashKernel {
     const auto N = static_cast<index_t>(hn::Lanes(D()));
     const index_t all_vecs = dvp / N;
     for (index_t e0 = 0; e0 < all_vecs; e0 += kPvVecs) {
-      const index_t vecs = std::min<index_t>(kPvVecs, all_vecs - e0);
-      const float* vp = v + e0 * N;
-      float* op = o + e0 * N;
-      index_t r0 = 0;
-      for (; r0 + kPvRows <= rows; r0 += kPvRows) {
-        PvRows<kPvRows>(vecs, pt + r0, cols, vp, v_stride, dvp, alpha + r0, op + r0 * dvp);
-      }
-      const float* p = pt + r0;
-      const float* a = alpha + r0;
-      float* out = op + r0 * dvp;
-      switch (rows - r0) {
-        case 0:
-          break;
-        case 1:
-          PvRows<1>(vecs, p, cols, vp, v_stride, dvp, a, out);
-          break;
-        case 2:
-          PvRows<HWY_MIN(2, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
-          break;
-        case 3:
-          PvRows<HWY_MIN(3, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
-          break;
-        case 4:
-          PvRows<HWY_MIN(4, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
-          break;
-        case 5:
-          PvRows<HWY_MIN(5, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
-          break;
-        case 6:
-          PvRows<HWY_MIN(6, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
-          break;
-        default:
-          PvRows<HWY_MIN(7, kPvRows)>(vecs, p, cols, vp, v_stride, dvp, a, out);
-          break;
-      }
+      WithBlockSize<kPvVecs>(all_vecs - e0, [&](auto vecs) {
+        for (index_t r0 = 0; r0 < rows; r0 += kPvRows) {
+          WithBlockSize<kPvRows>(rows - r0, [&](auto block_rows) {
+            PvBlock<decltype(block_rows)::value, decltype(vecs)::value>(pt + r0, cols, v + e0 * N, v_stride, alpha + r0,
+                                                                        o + r0 * dvp + e0 * N, dvp);
+          });
+        }
+      });
     }
   }
 };

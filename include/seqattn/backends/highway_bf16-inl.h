@@ -298,20 +298,8 @@ struct Bf16DotKernel {
         for (int j = 0; j < kKeys; ++j) krow[j] = krows[j0 + std::min(j, keys - 1)];
         const float* q = qt2 + v0 * N;
         float* s = st + j0 * kBq + v0 * N;
-        switch (vecs) {
-          case 1:
-            ScoresBlock<kHw, 1, kKeys>(q, dk, krow, keys, scale, s);
-            break;
-          case 2:
-            ScoresBlock<kHw, HWY_MIN(2, kMaxVecs), kKeys>(q, dk, krow, keys, scale, s);
-            break;
-          case 3:
-            ScoresBlock<kHw, HWY_MIN(3, kMaxVecs), kKeys>(q, dk, krow, keys, scale, s);
-            break;
-          default:
-            ScoresBlock<kHw, kMaxVecs, kKeys>(q, dk, krow, keys, scale, s);
-            break;
-        }
+        K::WithBlockSize<kMaxVecs>(
+            vecs, [&](auto v) { ScoresBlock<kHw, decltype(v)::value, kKeys>(q, dk, krow, keys, scale, s); });
       }
     }
   }
@@ -350,66 +338,22 @@ struct Bf16DotKernel {
     }
   }
 
-  template <bool kHw, int kRows>
-  static HWY_INLINE void PvRows(const float* HWY_RESTRICT pt2, index_t pairs, const float* HWY_RESTRICT vp, index_t dvp,
-                                const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
-    constexpr int kMax = K::kPvVecs;
-    const auto N = static_cast<index_t>(hn::Lanes(D()));
-    const index_t vecs = dvp / N;
-    for (index_t e0 = 0; e0 < vecs; e0 += kMax) {
-      const float* v = vp + e0 * N;
-      float* op = o + e0 * N;
-      switch (std::min<index_t>(kMax, vecs - e0)) {
-        case 1:
-          PvBlock<kHw, kRows, 1>(pt2, pairs, v, alpha, op, dvp);
-          break;
-        case 2:
-          PvBlock<kHw, kRows, HWY_MIN(2, kMax)>(pt2, pairs, v, alpha, op, dvp);
-          break;
-        case 3:
-          PvBlock<kHw, kRows, HWY_MIN(3, kMax)>(pt2, pairs, v, alpha, op, dvp);
-          break;
-        default:
-          PvBlock<kHw, kRows, kMax>(pt2, pairs, v, alpha, op, dvp);
-          break;
-      }
-    }
-  }
-
-  // rows: real rows (r < rows of O are updated); pairs = ceil(cols / 2).
+  // rows: real rows (r < rows of O are updated); pairs = ceil(cols / 2). The
+  // loop order of FlashKernel::accumulate_pv.
   template <bool kHw>
   static void accumulate_pv(const float* HWY_RESTRICT pt2, index_t rows, index_t pairs, const float* HWY_RESTRICT vp,
                             index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
-    constexpr int kR = K::kPvRows;
-    index_t r0 = 0;
-    for (; r0 + kR <= rows; r0 += kR) PvRows<kHw, kR>(pt2 + r0, pairs, vp, dvp, alpha + r0, o + r0 * dvp);
-    const float* p = pt2 + r0;
-    const float* a = alpha + r0;
-    float* out = o + r0 * dvp;
-    switch (rows - r0) {
-      case 0:
-        break;
-      case 1:
-        PvRows<kHw, 1>(p, pairs, vp, dvp, a, out);
-        break;
-      case 2:
-        PvRows<kHw, HWY_MIN(2, kR)>(p, pairs, vp, dvp, a, out);
-        break;
-      case 3:
-        PvRows<kHw, HWY_MIN(3, kR)>(p, pairs, vp, dvp, a, out);
-        break;
-      case 4:
-        PvRows<kHw, HWY_MIN(4, kR)>(p, pairs, vp, dvp, a, out);
-        break;
-      case 5:
-        PvRows<kHw, HWY_MIN(5, kR)>(p, pairs, vp, dvp, a, out);
-        break;
-      case 6:
-        PvRows<kHw, HWY_MIN(6, kR)>(p, pairs, vp, dvp, a, out);
-        break;
-      default:
-        PvRows<kHw, HWY_MIN(7, kR)>(p, pairs, vp, dvp, a, out);
-        break;
+    const auto N = static_cast<index_t>(hn::Lanes(D()));
+    const index_t all_vecs = dvp / N;
+    for (index_t e0 = 0; e0 < all_vecs; e0 += K::kPvVecs) {
+      K::WithBlockSize<K::kPvVecs>(all_vecs - e0, [&](auto vecs) {
+        for (index_t r0 = 0; r0 < rows; r0 += K::kPvRows) {
+          K::WithBlockSize<K::kPvRows>(rows - r0, [&](auto block_rows) {
+            PvBlock<kHw, decltype(block_rows)::value, decltype(vecs)::value>(pt2 + r0, pairs, vp + e0 * N, alpha + r0,
+                                                                             o + r0 * dvp + e0 * N, dvp);
+          });
+        }
+      });
     }
   }
 

@@ -293,28 +293,121 @@ TEST_CASE("Fused indexer_topk equals index_scores + select_topk") {
   CHECK(a.indices == b.indices);
 }
 
-// select_topk ranks in jax.lax.top_k's total order, as seqattn::top_k does:
-// +0.0 above -0.0, NaN above +inf (the jax vectors of the semantics doc), and
-// on random rows of signed zeros, infinities and NaNs both agree.
-TEST_CASE("select_topk follows lax.top_k's total order, like top_k") {
+// select_topk ranks what MaxText's top_k sees, score + A with A = 0.0 on an
+// allowed key: jax.lax.top_k's total order (NaN above +inf, -NaN below -inf,
+// the jax vectors of the semantics doc) on score + 0.0, so the signed zeros tie.
+// On random rows of signed zeros, infinities and NaNs it agrees with top_k on
+// the rows plus 0.0.
+TEST_CASE("select_topk ranks like top_k on score + 0.0") {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const TopK zeros = select_topk(one_row({-0.0f, 0.0f, -1.0f}).view(), 2);
-  CHECK(zeros.indices(0, 0) == 1);
-  CHECK(zeros.indices(0, 1) == 0);
+  CHECK(zeros.indices(0, 0) == 0);
+  CHECK(zeros.indices(0, 1) == 1);
   const TopK with_nan = select_topk(one_row({1.0f, nan, inf, 2.0f, 0.5f}).view(), 3);
   CHECK(with_nan.indices(0, 0) == 1);
   CHECK(with_nan.indices(0, 1) == 2);
   CHECK(with_nan.indices(0, 2) == 3);
+  const TopK negative_nan = select_topk(one_row({-nan, -1.0f, 0.5f}).view(), 2);
+  CHECK(negative_nan.indices(0, 0) == 2);
+  CHECK(negative_nan.indices(0, 1) == 1);
 
   std::mt19937 rng(77);
   const std::vector<float> pool{-0.0f, 0.0f, nan, -nan, inf, 1.0f, -1.0f, 0.5f};
   for (int trial = 0; trial < 200; ++trial) {
     const index_t s = 3 + static_cast<index_t>(rng() % 12), k = 1 + static_cast<index_t>(rng() % (s - 1));
-    std::vector<float> row(static_cast<std::size_t>(s));
+    std::vector<float> row(static_cast<std::size_t>(s)), plus_zero(static_cast<std::size_t>(s));
     for (auto& x : row) x = pool[rng() % pool.size()];
-    const Tensor<float> scores = one_row(row);
-    const TopK got = select_topk(scores.view(), k);
-    const Tensor<std::int32_t> want = top_k(scores.view(), k);
+    std::transform(row.begin(), row.end(), plus_zero.begin(), [](float x) { return x + 0.0f; });
+    const TopK got = select_topk(one_row(row).view(), k);
+    const Tensor<std::int32_t> want = top_k(one_row(plus_zero).view(), k);
     for (index_t r = 0; r < k; ++r) CHECK(got.indices(0, r) == want(0, r));
+  }
+}
+
+namespace {
+
+// MaxText's DeepSeek-V3.2 indexer on one row, written out step by step:
+// score + A (A = 0.0 where the base mask allows the key, DEFAULT_MASK_VALUE =
+// -0.7 * FLT_MAX elsewhere), then jax.lax.top_k (values descending in XLA's
+// total order, which puts +0.0 above -0.0, equal values lower index first),
+// then + A again, which drops the masked keys a short row had to take. When the
+// whole key axis has <= k keys there is no selection and the mask is A. Returns
+// the allowed selected keys in top_k's order.
+std::vector<std::int32_t> maxtext_selection(const std::vector<float>& score, const std::vector<bool>& allowed,
+                                            index_t k) {
+  const float mask_value = -0.7f * std::numeric_limits<float>::max();
+  const auto s = static_cast<index_t>(score.size());
+  std::vector<std::int32_t> keys;
+  if (s <= k) {
+    for (index_t j = 0; j < s; ++j) {
+      if (allowed[static_cast<std::size_t>(j)]) keys.push_back(static_cast<std::int32_t>(j));
+    }
+    return keys;
+  }
+  std::vector<float> masked(score.size());
+  for (std::size_t j = 0; j < score.size(); ++j) masked[j] = score[j] + (allowed[j] ? 0.0f : mask_value);
+  std::vector<std::int32_t> order(score.size());
+  for (std::size_t j = 0; j < order.size(); ++j) order[j] = static_cast<std::int32_t>(j);
+  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+    const float x = masked[static_cast<std::size_t>(a)], y = masked[static_cast<std::size_t>(b)];
+    return x > y || (x == y && !std::signbit(x) && std::signbit(y));
+  });
+  for (index_t r = 0; r < k; ++r) {
+    const std::int32_t j = order[static_cast<std::size_t>(r)];
+    if (allowed[static_cast<std::size_t>(j)]) keys.push_back(j);
+  }
+  return keys;
+}
+
+}  // namespace
+
+// Issue 29: a caller's precomputed scores may hold -0.0. MaxText adds the mask
+// (0.0 on allowed keys) before its top_k, which turns -0.0 into +0.0, so the
+// two zeros tie and the lower key index wins.
+TEST_CASE("select_topk ties signed zeros as MaxText's score + mask, then top_k") {
+  SECTION("minimal case: t = 1, s = 2, k = 1") {
+    CHECK(select_topk(one_row({-0.0f, 0.0f}).view(), 1).indices(0, 0) == 0);
+    CHECK(select_topk(one_row({0.0f, -0.0f}).view(), 1).indices(0, 0) == 0);
+    CHECK(select_topk(one_row({-0.0f, 0.0f}).view(), 1, TopKOrder::by_index).indices(0, 0) == 0);
+  }
+  SECTION("random rows of signed zeros, +-1 and masked keys") {
+    SplitMix64 rng(GENERATE(29, 30, 31, 32));
+    const std::vector<float> pool{-0.0f, 0.0f, -0.0f, 0.0f, 1.0f, -1.0f};
+    index_t ranked_rows_with_both_zeros = 0;
+    for (int trial = 0; trial < 40; ++trial) {
+      const index_t t = 1 + rng.below(24), s = 1 + rng.below(40), k = 1 + rng.below(s + 2);
+      Tensor<float> scores(Extents{t, s});
+      std::vector<std::vector<float>> raw(static_cast<std::size_t>(t));
+      std::vector<std::vector<bool>> allowed(static_cast<std::size_t>(t));
+      for (index_t i = 0; i < t; ++i) {
+        for (index_t j = 0; j < s; ++j) {
+          const float x = pool[static_cast<std::size_t>(rng.below(static_cast<index_t>(pool.size())))];
+          const bool ok = rng.below(6) != 0;
+          raw[static_cast<std::size_t>(i)].push_back(x);
+          allowed[static_cast<std::size_t>(i)].push_back(ok);
+          scores(i, j) = ok ? x : kNotAllowed;
+        }
+      }
+      const TopK by_score = select_topk(scores.view(), k);
+      const TopK by_index = select_topk(scores.view(), k, TopKOrder::by_index);
+      for (index_t i = 0; i < t; ++i) {
+        const auto& ok = allowed[static_cast<std::size_t>(i)];
+        const std::vector<std::int32_t> want = maxtext_selection(raw[static_cast<std::size_t>(i)], ok, k);
+        const bool ranked = std::count(ok.begin(), ok.end(), true) > k;
+        bool pos = false, neg = false;
+        for (index_t j = 0; j < s; ++j) {
+          pos |= scores(i, j) == 0.0f && !std::signbit(scores(i, j));
+          neg |= scores(i, j) == 0.0f && std::signbit(scores(i, j));
+        }
+        ranked_rows_with_both_zeros += ranked && pos && neg;
+        INFO("trial " << trial << ", row " << i << ", s " << s << ", k " << k);
+        REQUIRE(row_set(by_score, i) == std::set<std::int32_t>(want.begin(), want.end()));
+        REQUIRE(row_set(by_index, i) == row_set(by_score, i));
+        if (ranked) {
+          for (index_t r = 0; r < k; ++r) REQUIRE(by_score.indices(i, r) == want[static_cast<std::size_t>(r)]);
+        }
+      }
+    }
+    CHECK(ranked_rows_with_both_zeros > 100);  // the rows issue 29 is about are exercised
   }
 }

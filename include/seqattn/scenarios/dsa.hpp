@@ -2,9 +2,10 @@
 // (docs/semantics/multi-item-topk-kascade.md, part B), as MaxText runs it in training/prefill.
 //
 //   score[i, j] = sum_h ReLU(q[i, h, :] . k[j, :]) * w[i, h]     for keys j the base mask A allows (B.2)
-//   selected(i) = top-k of score[i, :] over allowed keys: descending score, equal scores lowest index first
-//                 (jax.lax.top_k); a row with <= k allowed keys keeps all of them (bypass), and when the whole
-//                 key axis has <= k keys there is no selection at all: the mask is A (B.3 step 1)
+//   selected(i) = top-k of score[i, :] + 0.0 over allowed keys: descending score, equal scores lowest index
+//                 first (jax.lax.top_k after MaxText's "score += A", so -0.0 and +0.0 tie; B.3); a row with
+//                 <= k allowed keys keeps all of them (bypass), and when the whole key axis has <= k keys
+//                 there is no selection at all: the mask is A (B.3 step 1)
 //   attention   = softmax over the selected keys only (shared by every attention head)
 //
 // The indexer's key k[j] is one vector shared by all indexer heads (MQA style); w already carries the
@@ -228,8 +229,8 @@ inline void validate_indices(TensorView<const std::int32_t> indices, index_t kv_
   }
 }
 
-// Order of each ranked row's indices: by_score is jax.lax.top_k's (descending
-// score, ties by lower index); by_index is ascending key order, the same set,
+// Order of each ranked row's indices: by_score is jax.lax.top_k's on score + 0.0
+// (descending score, ties by lower index, -0.0 == +0.0); by_index is ascending key order, the same set,
 // and skips a sort of k entries per row (what masks and gathers need).
 enum class TopKOrder : std::uint8_t { by_score, by_index };
 
@@ -241,16 +242,24 @@ struct TopKScratch {
   std::vector<std::uint64_t> keyed;
 };
 
+// The rank of an allowed key's score, as an integer key. MaxText ranks
+// score + A with A = 0.0 on allowed keys (docs/semantics, B.3), and adding 0.0
+// turns -0.0 into +0.0: the two zeros tie (lower index first) instead of +0.0
+// ranking above -0.0 as jax.lax.top_k does on raw scores. Otherwise the order is
+// top_k's (seqattn::topk_order_key): NaN keeps its sign, so NaN ranks above
+// +inf and -NaN below -inf. The addition is kept rather than a test for zero
+// so that any other bits change exactly as MaxText's do (a signalling NaN turns quiet).
+inline std::int32_t score_order_key(float score) { return seqattn::topk_order_key(score + 0.0f); }
+
 // One row of select_topk: writes the row's selection to out[0, count) and
 // returns count; `bypassed` says whether the row had <= k allowed keys.
-// Scores rank in jax.lax.top_k's total order (seqattn::topk_order_key: +0.0
-// above -0.0, NaN above +inf), compared as integer keys.
+// Scores rank by score_order_key, compared as integer keys.
 inline index_t select_row(const float* row, index_t s, index_t k, TopKOrder order_by, std::int32_t* out, bool& bypassed,
                           TopKScratch& scratch) {
   scratch.keys.resize(static_cast<std::size_t>(s));
   index_t n = 0;
   for (index_t j = 0; j < s; ++j) {
-    if (row[j] != kNotAllowed) scratch.keys[static_cast<std::size_t>(n++)] = seqattn::topk_order_key(row[j]);
+    if (row[j] != kNotAllowed) scratch.keys[static_cast<std::size_t>(n++)] = score_order_key(row[j]);
   }
   bypassed = n <= k;
   if (bypassed) {  // every allowed key is selected, in ascending order; no ranking needed
@@ -262,7 +271,7 @@ inline index_t select_row(const float* row, index_t s, index_t k, TopKOrder orde
   }
   std::nth_element(scratch.keys.begin(), scratch.keys.begin() + (k - 1), scratch.keys.begin() + n, std::greater<>());
   const std::int32_t thr = scratch.keys[static_cast<std::size_t>(k - 1)];
-  const auto key = [row](index_t j) { return seqattn::topk_order_key(row[j]); };
+  const auto key = [row](index_t j) { return score_order_key(row[j]); };
   index_t above = 0;
   for (index_t j = 0; j < s; ++j) above += row[j] != kNotAllowed && key(j) > thr;
   index_t ties = k - above, c = 0;
@@ -298,7 +307,7 @@ inline TopK empty_topk(index_t t, index_t s, index_t k) {
 // -inf (the base mask's allowed keys). The k-th largest score is found with
 // nth_element, then the row is taken with PR #4437's exact-k rule: every key
 // above it, then the lowest-index keys equal to it, which is exactly
-// jax.lax.top_k's set (TV-B1..B3).
+// jax.lax.top_k's set on score + 0.0, MaxText's (TV-B1..B3; score_order_key).
 inline TopK select_topk(TensorView<const float> scores, index_t k, TopKOrder order_by = TopKOrder::by_score) {
   seqattn::detail::require(scores.rank() == 2, "dsa::select_topk: scores must have shape [t, s], got ", scores.shape());
   seqattn::detail::require(k > 0, "dsa::select_topk: k must be positive, got ", k);

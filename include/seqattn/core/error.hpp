@@ -5,6 +5,8 @@
 // `detail::concat` builds such messages without <format> (GCC 12 lacks it).
 #pragma once
 
+#include <cstddef>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -18,6 +20,22 @@ namespace seqattn {
 class invalid_argument : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
+};
+
+// Thrown when a request within seqattn's documented limits still cannot be
+// allocated on this machine. It names the request in bytes, and the call that
+// throws it has written nothing to its outputs. Derives from std::bad_alloc so
+// that generic handlers (and Python bindings: MemoryError) still catch it.
+class out_of_memory : public std::bad_alloc {
+ public:
+  out_of_memory(std::string message, std::size_t bytes) : message_(std::move(message)), bytes_(bytes) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+  // The request that failed, in bytes.
+  std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  std::string message_;
+  std::size_t bytes_;
 };
 
 namespace detail {
@@ -38,6 +56,20 @@ template <class... Parts>
 template <class... Parts>
 void require(bool condition, const Parts&... parts) {
   if (!condition) throw_invalid(parts...);
+}
+
+// Runs `allocate` (which allocates about `bytes` bytes for `what`) and turns
+// std::bad_alloc into an out_of_memory that names the request, e.g.
+//   auto grid = allocating("Splash class grid", n * sizeof(int8_t), [&] { return std::vector<int8_t>(n); });
+template <class Allocate>
+decltype(auto) allocating(const char* what, std::size_t bytes, Allocate&& allocate) {
+  try {
+    return allocate();
+  } catch (const out_of_memory&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw out_of_memory(concat(what, ": cannot allocate ", bytes, " bytes"), bytes);
+  }
 }
 
 }  // namespace detail

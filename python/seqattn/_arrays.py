@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from . import _core
+
 
 def as_int32(x, name):
     """``x`` as an int32 NumPy array (a view when it already is one).
@@ -43,3 +45,19 @@ def as_float(x, name):
     raise ValueError(
         f"{name}: expected float32 or bfloat16 (ml_dtypes) storage, got dtype {a.dtype} of shape {a.shape}"
     )
+
+
+def check_threads(threads):
+    """``threads`` (None: 0, every hardware thread) as an int in [0, limits::kMaxThreads].
+
+    Checked before any narrowing, with the engine's messages: 2^32 + 1 must
+    not become 1.
+    """
+    threads = 0 if threads is None else int(threads)
+    if threads < 0:
+        raise ValueError(f"attention: threads must be >= 0 (0 = all hardware threads), got {threads}")
+    if threads > _core.MAX_THREADS:
+        raise ValueError(
+            f"attention: threads must be at most {_core.MAX_THREADS} (limits::kMaxThreads), got {threads}"
+        )
+    return threads

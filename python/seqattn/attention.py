@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from . import _core
-from ._arrays import as_float, as_int32
+from ._arrays import as_float, as_int32, check_threads
 from ._core import Mask, PackedSegments
 
 
@@ -112,8 +112,7 @@ def _prepare(q, k, v, mask, segment_ids, positions, kv_segment_ids, kv_positions
 def _scalars(scale, softcap, threads):
     scale = math.nan if scale is None else float(scale)
     softcap = 0.0 if softcap is None else float(softcap)
-    threads = 0 if threads is None else int(threads)
-    return scale, softcap, threads
+    return scale, softcap, check_threads(threads)
 
 
 def _to_dtype(a, kind):

@@ -13,9 +13,15 @@ seqattn masks (any composition), not dense arrays; the layout names are
 
 The mask is static (part of the compiled computation): each distinct mask
 object is registered once and kept for the life of the process. Segment ids
-and positions are traced arrays ``[..., S]`` (int32; 0 = padding).
-Errors found while running (e.g. malformed segment ids) surface as the
-XLA runtime error raised by JAX, with seqattn's message.
+and positions are traced arrays ``[..., S]`` (int32; 0 = padding); wider
+integer arrays are range-checked, then converted, when they are concrete
+(NumPy, or JAX arrays outside jit), and refused when traced.
+
+Shapes, head ratios, scale, softcap, threads and a mask without segment ids
+are checked while tracing, with the engine's checks: errors are ValueErrors
+with its message. What depends on the values (malformed segment ids) can
+only be found while running and surfaces as the XLA runtime error raised by
+JAX, with seqattn's message.
 """
 
 import functools
@@ -27,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _core
+from ._arrays import as_int32, check_threads
 from ._core import FullMask, Mask
 
 __all__ = ["attention"]
@@ -107,18 +114,38 @@ def _attention_bwd(mask_id, scale, softcap, threads, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def _fits_int32(dtype):
+    info = jnp.iinfo(dtype)
+    return info.min >= np.iinfo(np.int32).min and info.max <= np.iinfo(np.int32).max
+
+
 def _ids(x, like, name):
     if x is None:
         return _none_ids()
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise ValueError(f"seqattn.jax.attention: {name} must be an integer array, got {x.dtype}")
+    traced = isinstance(x, jax.core.Tracer)
+    dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"seqattn.jax.attention: {name} must be an integer array, got {dtype}")
+    if traced:
+        # Inside jit the values are unknown: only a lossless conversion is safe.
+        if not _fits_int32(dtype):
+            raise ValueError(
+                f"seqattn.jax.attention: {name}: {dtype} ids inside jit cannot be range-checked against int32; "
+                "pass int32 ids (or a concrete array, which is checked)"
+            )
+        x = x.astype(jnp.int32)
+    elif dtype == np.int32:
+        x = jnp.asarray(x)
+    else:
+        # Range-checked on the host before JAX sees it: jnp.asarray would
+        # truncate int64 to int32 silently when x64 is off.
+        x = jnp.asarray(as_int32(np.asarray(x), name))
     if x.shape != like.shape[:-2]:
         raise ValueError(
             f"seqattn.jax.attention: {name} must have shape {like.shape[:-2]} ([..., S] of an array of shape "
             f"{like.shape}), got {x.shape}"
         )
-    return x.astype(jnp.int32)
+    return x
 
 
 def attention(q, k, v, mask=None, *, segment_ids=None, positions=None, kv_segment_ids=None, kv_positions=None,
@@ -144,10 +171,11 @@ def attention(q, k, v, mask=None, *, segment_ids=None, positions=None, kv_segmen
             f"seqattn.jax.attention: q, k, v must be [..., S, H, D] with at least one batch dim and the same rank, "
             f"got {q.shape}, {k.shape}, {v.shape}"
         )
-    if q.shape[:-3] != k.shape[:-3] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
+    if q.shape[:-3] != k.shape[:-3] or k.shape[:-3] != v.shape[:-3]:
+        # The engine sees the batch dims folded into one: it could not tell (2, 3) from (3, 2).
         raise ValueError(
-            f"seqattn.jax.attention: shapes do not agree: q {q.shape}, k {k.shape}, v {v.shape} (batch dims equal, "
-            "k and v of the same tokens and heads, q and k of the same head dim)"
+            f"seqattn.jax.attention: q, k and v must have the same batch dims [...], got q {q.shape}, k {k.shape}, "
+            f"v {v.shape}"
         )
     if positions is not None and segment_ids is None:
         raise ValueError("seqattn.jax.attention: positions given without segment_ids")
@@ -161,10 +189,11 @@ def attention(q, k, v, mask=None, *, segment_ids=None, positions=None, kv_segmen
     )
     scale = math.nan if scale is None else float(scale)
     softcap = 0.0 if softcap is None else float(softcap)
-    threads = 0 if threads is None else int(threads)
-    if threads < 0:
-        raise ValueError(f"seqattn.jax.attention: threads must be >= 0 (0 = all hardware threads), got {threads}")
-    out, lse = _attention(q, k, v, ids, _mask_id(mask), scale, softcap, threads)
+    threads = check_threads(threads)
+    mask_id = _mask_id(mask)
+    # The engine's own checks, now rather than as a runtime error of the compiled call.
+    _core._check_attention(q.shape, k.shape, v.shape, mask, segment_ids is not None, scale, softcap, threads)
+    out, lse = _attention(q, k, v, ids, mask_id, scale, softcap, threads)
     if return_lse:
         return out, jax.lax.stop_gradient(lse)
     return out

@@ -12,6 +12,7 @@ with it, compiled or not. The rules: docs/semantics/splash-and-flex.md §7-§9.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask as FlexBlockMask
 
@@ -46,12 +47,28 @@ def tile_mask_mod(tile_ids, tile_bits, block_size):
     return mask_mod
 
 
+def _block_size(block_size):
+    """(block_q, block_kv) from an int or a pair of ints, as create_block_mask's BLOCK_SIZE."""
+    if isinstance(block_size, (int, np.integer)) and not isinstance(block_size, bool):
+        return int(block_size), int(block_size)
+    try:
+        pair = tuple(block_size)
+    except TypeError:
+        pair = ()
+    if isinstance(block_size, str) or len(pair) != 2 or not all(
+        isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in pair
+    ):
+        raise ValueError(f"block_mask: BLOCK_SIZE must be an int or a pair (block_q, block_kv) of ints, "
+                         f"got {block_size!r}")
+    return int(pair[0]), int(pair[1])
+
+
 def block_mask_arrays(mask, B, H, Q_LEN=None, KV_LEN=None, BLOCK_SIZE=128, *, separate_full_blocks=True,
                       compute_q_blocks=True):
     """The flex arrays (and the tile table) as a dict of NumPy int32 arrays."""
     B = 1 if B is None else int(B)
     H = 1 if H is None else int(H)
-    bq, bkv = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
+    bq, bkv = _block_size(BLOCK_SIZE)
     if isinstance(mask, BlockMask):
         if tuple(mask.block_size) != (bq, bkv):
             raise ValueError(f"block_mask: the BlockMask has block_size {tuple(mask.block_size)}, "
@@ -59,7 +76,9 @@ def block_mask_arrays(mask, B, H, Q_LEN=None, KV_LEN=None, BLOCK_SIZE=128, *, se
         return _core._flex_block_mask_arrays_from_block_mask(mask, B, H, separate_full_blocks, compute_q_blocks)
     if not isinstance(mask, Mask):
         raise ValueError(f"mask: expected a seqattn.Mask or seqattn.BlockMask, got {type(mask).__name__}")
-    mask_batch = 1
+    # Masks holding per-sequence data (documents, top-k, one prefix length per
+    # sequence, ...) are built for their own rows; the export broadcasts 1 row to B.
+    mask_batch = mask.batch or 1
     own = mask.lengths
     if own is not None:
         qs, kvs = own

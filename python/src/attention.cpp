@@ -10,9 +10,11 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "bindings.hpp"
 #include "internal.hpp"
@@ -20,12 +22,13 @@
 namespace seqattn::python {
 namespace {
 
-int resolve_threads(int threads) {
+// Range-checked in 64 bits, then narrowed: 2^32 + 1 must not become 1.
+int resolve_threads(std::int64_t threads) {
   detail::require(threads >= 0, "attention: threads must be >= 0 (0 = all hardware threads), got ", threads);
-  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   detail::require(threads <= limits::kMaxThreads, "attention: threads must be at most ", limits::kMaxThreads,
                   " (limits::kMaxThreads), got ", threads);
-  return threads;
+  return static_cast<int>(threads);
 }
 
 // One pool per thread count, kept for the life of the process: starting
@@ -85,8 +88,25 @@ Extents lse_extents(TensorView<const T> q, bool thd) {
   return thd ? Extents{q.extent(1), q.extent(0)} : Extents{q.extent(0), q.extent(2), q.extent(1)};
 }
 
+// Validates a call completely (q, k, v and the segments, the threads, the
+// mask against the shape, the plan's options, scale / softcap / sinks), then
+// calls body(run): body allocates what it needs, then calls
+// run(fn), and fn(plan, inputs, variant, executor) runs the engine.
+template <class T, class Body>
+void with_checked_plan(const EngineCall& call, const AttentionInputs<T>& in, bool backward, Body&& body) {
+  const AttentionShape shape = shape_of(in);
+  const int threads = resolve_threads(call.threads);
+  const AnyMask mask = call.mask ? *call.mask : AnyMask();
+  PlanOptions options;
+  options.backward = backward;
+  const auto plan = plan_attention<backends::Highway>(shape, mask, options, threads);
+  const variants::Standard variant{call.scale, {call.softcap}, {call.sinks}};
+  detail::check_variant(variant, shape);
+  body([&](auto&& fn) { with_executor(threads, [&](auto& exec) { fn(plan, in, variant, exec); }); });
+}
+
 EngineCall make_call(nb::handle mask, const std::optional<SegmentTable>& table, float scale, float softcap,
-                     const std::optional<CpuArray<float>>& sinks, int threads) {
+                     const std::optional<CpuArray<float>>& sinks, std::int64_t threads) {
   EngineCall c;
   c.mask = mask.is_none() ? nullptr : &mask_from_python(mask);
   c.segments = table ? &*table : nullptr;
@@ -107,17 +127,25 @@ EngineCall make_call(nb::handle mask, const std::optional<SegmentTable>& table, 
 template <class Py>
 auto forward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>& v, nb::handle mask,
                 const std::optional<Segments>& segments, float scale, float softcap,
-                const std::optional<CpuArray<float>>& sinks, int threads) {
+                const std::optional<CpuArray<float>>& sinks, std::int64_t threads) {
   using T = Engine<Py>;
   const auto qv = engine_view(q, "q"), kv = engine_view(k, "k"), vv = engine_view(v, "v");
   const bool thd = segments.has_value();
   const std::optional<SegmentTable> table = thd ? std::optional<SegmentTable>(segments->table()) : std::nullopt;
   const EngineCall call = make_call(mask, table, scale, softcap, sinks, threads);
-  Tensor<T> out(out_extents(qv, vv, thd), T{});
-  Tensor<float> lse(lse_extents(qv, thd), -std::numeric_limits<float>::infinity());
+  Tensor<T> out;
+  Tensor<float> lse;
   {
     nb::gil_scoped_release release;
-    run_forward<T>(call, qv, kv, vv, out.view(), lse.view());
+    // Outputs are allocated only once the inputs, the mask and the options
+    // have passed every check: a bad call fails at once, whatever its size.
+    with_checked_plan<T>(call, AttentionInputs<T>{qv, kv, vv, call.segments}, false, [&](const auto& run) {
+      out = allocate_result("attention: out", out_extents(qv, vv, thd), T{});
+      lse = allocate_result("attention: lse", lse_extents(qv, thd), -std::numeric_limits<float>::infinity());
+      run([&](const auto& plan, const auto& in, const auto& variant, auto& exec) {
+        attention_forward(plan, in, out.view(), lse.view(), variant, exec);
+      });
+    });
   }
   const Extents shape = out.shape();
   return std::make_pair(to_numpy<Py>(std::move(out), shape), to_numpy(std::move(lse)));
@@ -126,17 +154,31 @@ auto forward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>
 template <class Py>
 auto backward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>& v, const CpuArray<Py>& out,
                  const CpuArray<float>& lse, const CpuArray<Py>& dout, nb::handle mask,
-                 const std::optional<Segments>& segments, float scale, float softcap, int threads) {
+                 const std::optional<Segments>& segments, float scale, float softcap, std::int64_t threads) {
   using T = Engine<Py>;
   const auto qv = engine_view(q, "q"), kv = engine_view(k, "k"), vv = engine_view(v, "v");
+  const auto outv = engine_view(out, "out"), doutv = engine_view(dout, "dout");
+  const TensorView<const float> lsev = view_of(lse, "lse");
   const bool thd = segments.has_value();
   const std::optional<SegmentTable> table = thd ? std::optional<SegmentTable>(segments->table()) : std::nullopt;
   const EngineCall call = make_call(mask, table, scale, softcap, std::nullopt, threads);
-  Tensor<T> dq(qv.shape(), T{}), dk(kv.shape(), T{}), dv(vv.shape(), T{});
+  Tensor<T> dq, dk, dv;
   {
     nb::gil_scoped_release release;
-    run_backward<T>(call, qv, kv, vv, engine_view(out, "out"), view_of(lse, "lse"), engine_view(dout, "dout"),
-                    dq.view(), dk.view(), dv.view());
+    with_checked_plan<T>(call, AttentionInputs<T>{qv, kv, vv, call.segments}, true, [&](const auto& run) {
+      // The engine's own checks of out, lse and dout (same names and
+      // messages), done here so that they too come before the allocations.
+      detail::require_shape(outv, out_extents(qv, vv, thd), "attention_backward: out");
+      detail::require_shape(lsev, lse_extents(qv, thd), "attention_backward: lse");
+      detail::require_shape(doutv, out_extents(qv, vv, thd), "attention_backward: dout");
+      dq = allocate_result("attention_backward: dq", qv.shape(), T{});
+      dk = allocate_result("attention_backward: dk", kv.shape(), T{});
+      dv = allocate_result("attention_backward: dv", vv.shape(), T{});
+      run([&](const auto& plan, const auto& in, const auto& variant, auto& exec) {
+        attention_backward(plan, in, outv, lsev, doutv, AttentionGrads<T>{dq.view(), dk.view(), dv.view()}, variant,
+                           exec);
+      });
+    });
   }
   const Extents sq = dq.shape(), sk = dk.shape(), sv = dv.shape();
   return std::make_tuple(to_numpy<Py>(std::move(dq), sq), to_numpy<Py>(std::move(dk), sk),
@@ -154,34 +196,72 @@ void def_attention(nb::module_& m, const char* suffix) {
         nb::arg("threads"));
 }
 
+// [..., S, H, D] -> [prod(...), S, H, D], as the XLA FFI handlers fold the
+// leading (batch and vmapped) dims.
+Extents folded_bshd(const std::vector<index_t>& dims, const char* name) {
+  detail::require(dims.size() >= 4, "attention: ", name, " must be [..., S, H, D] with at least one batch dim, got ",
+                  dims.size(), " dims");
+  index_t leading = 1;
+  for (std::size_t d = 0; d < dims.size(); ++d) {
+    detail::require(dims[d] >= 0, "attention: ", name, " has a negative extent ", dims[d]);
+    if (d + 3 < dims.size()) leading = detail::checked_mul(leading, dims[d], name);
+  }
+  const std::size_t r = dims.size();
+  Extents e;
+  e.push_back(leading);
+  for (std::size_t d = r - 3; d < r; ++d) e.push_back(dims[d]);
+  detail::checked_tensor_size(e, name);
+  return e;
+}
+
+// Everything the engine checks that does not depend on the values: the
+// shapes, the head ratio, scale / softcap / threads and, without segment ids,
+// the mask against the lengths and heads (for the mask's own batch: under
+// vmap the batch the handler sees is not the traced one). seqattn.jax calls
+// it while tracing, so that these errors are ValueErrors with the engine's
+// message rather than XLA runtime errors.
+void check_attention_call(const std::vector<index_t>& q, const std::vector<index_t>& k, const std::vector<index_t>& v,
+                          nb::handle mask, bool segment_ids, float scale, float softcap, std::int64_t threads) {
+  static const float probe = 0.0f;  // shape_of looks at shapes only; non-null says "has data"
+  const auto view = [](const Extents& e) {
+    Strides zero;
+    for (int d = 0; d < e.rank(); ++d) zero.push_back(0);
+    return TensorView<const float>(&probe, e, zero);
+  };
+  const Extents qe = folded_bshd(q, "q"), ke = folded_bshd(k, "k"), ve = folded_bshd(v, "v");
+  const AttentionShape shape = shape_of(AttentionInputs<float>{view(qe), view(ke), view(ve), nullptr});
+  resolve_threads(threads);
+  detail::check_variant(variants::Standard{scale, {softcap}, {}}, shape);
+  if (segment_ids || mask.is_none()) return;
+  PyMask* m = nullptr;
+  if (!nb::try_cast<PyMask*>(mask, m) || m == nullptr) {
+    mask_from_python(mask, "seqattn.jax mask");  // throws, naming the type
+    return;
+  }
+  const index_t batch = m->lengths ? m->lengths->batch() : m->batch.value_or(1);
+  detail::check_mask(m->mask, RaggedLengths::uniform(batch, qe[1], ke[1]), shape.heads);
+}
+
 }  // namespace
 
 template <class T>
 void run_forward(const EngineCall& call, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
                  TensorView<T> out, TensorView<float> lse) {
-  const AttentionInputs<T> in{q, k, v, call.segments};
-  const AttentionShape shape = shape_of(in);
-  const int threads = resolve_threads(call.threads);
-  const AnyMask mask = call.mask ? *call.mask : AnyMask();
-  const auto plan = plan_attention<backends::Highway>(shape, mask, PlanOptions{}, threads);
-  const variants::Standard variant{call.scale, {call.softcap}, {call.sinks}};
-  with_executor(threads, [&](auto& exec) { attention_forward(plan, in, out, lse, variant, exec); });
+  with_checked_plan<T>(call, AttentionInputs<T>{q, k, v, call.segments}, false, [&](const auto& run) {
+    run([&](const auto& plan, const auto& in, const auto& variant, auto& exec) {
+      attention_forward(plan, in, out, lse, variant, exec);
+    });
+  });
 }
 
 template <class T>
 void run_backward(const EngineCall& call, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
                   TensorView<const T> out, TensorView<const float> lse, TensorView<const T> dout, TensorView<T> dq,
                   TensorView<T> dk, TensorView<T> dv) {
-  const AttentionInputs<T> in{q, k, v, call.segments};
-  const AttentionShape shape = shape_of(in);
-  const int threads = resolve_threads(call.threads);
-  const AnyMask mask = call.mask ? *call.mask : AnyMask();
-  PlanOptions options;
-  options.backward = true;
-  const auto plan = plan_attention<backends::Highway>(shape, mask, options, threads);
-  const variants::Standard variant{call.scale, {call.softcap}, {call.sinks}};
-  with_executor(threads, [&](auto& exec) {
-    attention_backward(plan, in, out, lse, dout, AttentionGrads<T>{dq, dk, dv}, variant, exec);
+  with_checked_plan<T>(call, AttentionInputs<T>{q, k, v, call.segments}, true, [&](const auto& run) {
+    run([&](const auto& plan, const auto& in, const auto& variant, auto& exec) {
+      attention_backward(plan, in, out, lse, dout, AttentionGrads<T>{dq, dk, dv}, variant, exec);
+    });
   });
 }
 
@@ -203,6 +283,9 @@ void bind_attention(nb::module_& m) {
            nb::arg("kv_offsets"), nb::arg("kv_lens"));
   def_attention<float>(m, "f32");
   def_attention<std::uint16_t>(m, "bf16");
+  m.def("_check_attention", &check_attention_call, nb::arg("q_shape"), nb::arg("k_shape"), nb::arg("v_shape"),
+        nb::arg("mask").none(), nb::arg("segment_ids"), nb::arg("scale"), nb::arg("softcap"), nb::arg("threads"),
+        "The engine's checks that need no data (shapes, heads, options, the mask), for seqattn.jax at trace time.");
 }
 
 }  // namespace seqattn::python

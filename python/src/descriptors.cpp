@@ -2,6 +2,8 @@
 // get_seqlens_and_offsets and packing, on NumPy / DLPack int32 arrays.
 #include "seqattn/descriptors.hpp"
 
+#include <cstddef>
+#include <initializer_list>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -33,6 +35,21 @@ QkvPair<Int32View> pair_of(const Int32Array& q, const std::optional<Int32Array>&
                            const char* kv_name) {
   const Int32View qv = view_of(q, q_name);
   return {qv, kv ? view_of(*kv, kv_name) : qv};
+}
+
+// A descriptor keeps copies of its input arrays: `make` runs with the bytes
+// of those copies named, so that a copy that cannot be allocated (a broadcast
+// array of 2^40 ids) is a MemoryError saying so rather than std::bad_alloc.
+template <class Make>
+SequenceDescriptor copying(const char* who, std::initializer_list<std::pair<const char*, Int32View>> inputs,
+                           Make&& make) {
+  std::size_t bytes = 0;
+  std::string what = detail::concat(who, ": copies of");
+  for (const auto& [name, view] : inputs) {
+    bytes += bytes_of<std::int32_t>(view.size());
+    what += detail::concat(" ", name, " ", view.shape());
+  }
+  return allocating(what, bytes, std::forward<Make>(make));
 }
 
 WindowSize window_of(const std::optional<std::pair<int, int>>& w) {
@@ -99,7 +116,9 @@ void bind_descriptors(nb::module_& m) {
       .def_static(
           "from_seqlens",
           [](const Int32Array& q, const std::optional<Int32Array>& kv) {
-            return SequenceDescriptor::from_seqlens(pair_of(q, kv, "q_seqlens", "kv_seqlens"));
+            const auto lens = pair_of(q, kv, "q_seqlens", "kv_seqlens");
+            return copying("from_seqlens", {{"q_seqlens", lens.q}, {"kv_seqlens", lens.kv}},
+                           [&] { return SequenceDescriptor::from_seqlens(lens); });
           },
           nb::arg("q_seqlens"), nb::arg("kv_seqlens").none() = nb::none())
       .def_static(
@@ -108,9 +127,14 @@ void bind_descriptors(nb::module_& m) {
              const std::optional<Int32Array>& kv_offs) {
             detail::require(kv_lens.has_value() == kv_offs.has_value(),
                             "from_seqlens_and_offsets: give both kv_seqlens and kv_seq_offsets or neither");
-            return SequenceDescriptor::from_seqlens_and_offsets(
-                pair_of(q_lens, kv_lens, "q_seqlens", "kv_seqlens"),
-                pair_of(q_offs, kv_offs, "q_seq_offsets", "kv_seq_offsets"));
+            const auto lens = pair_of(q_lens, kv_lens, "q_seqlens", "kv_seqlens");
+            const auto offs = pair_of(q_offs, kv_offs, "q_seq_offsets", "kv_seq_offsets");
+            return copying("from_seqlens_and_offsets",
+                           {{"q_seqlens", lens.q},
+                            {"kv_seqlens", lens.kv},
+                            {"q_seq_offsets", offs.q},
+                            {"kv_seq_offsets", offs.kv}},
+                           [&] { return SequenceDescriptor::from_seqlens_and_offsets(lens, offs); });
           },
           nb::arg("q_seqlens"), nb::arg("q_seq_offsets"), nb::arg("kv_seqlens").none() = nb::none(),
           nb::arg("kv_seq_offsets").none() = nb::none())
@@ -121,12 +145,18 @@ void bind_descriptors(nb::module_& m) {
             detail::require(kv_ids.has_value() == kv_pos.has_value(),
                             "from_segment_ids_and_pos: give both kv_segment_ids and kv_segment_pos or neither");
             if (!kv_ids) {
-              return SequenceDescriptor::from_segment_ids_and_pos(view_of(q_ids, "segment_ids"),
-                                                                  view_of(q_pos, "segment_pos"));
+              const auto ids = view_of(q_ids, "segment_ids"), pos = view_of(q_pos, "segment_pos");
+              return copying("from_segment_ids_and_pos", {{"segment_ids", ids}, {"segment_pos", pos}},
+                             [&] { return SequenceDescriptor::from_segment_ids_and_pos(ids, pos); });
             }
-            return SequenceDescriptor::from_segment_ids_and_pos(
-                pair_of(q_ids, kv_ids, "q_segment_ids", "kv_segment_ids"),
-                pair_of(q_pos, kv_pos, "q_segment_pos", "kv_segment_pos"));
+            const auto ids = pair_of(q_ids, kv_ids, "q_segment_ids", "kv_segment_ids");
+            const auto pos = pair_of(q_pos, kv_pos, "q_segment_pos", "kv_segment_pos");
+            return copying("from_segment_ids_and_pos",
+                           {{"q_segment_ids", ids.q},
+                            {"kv_segment_ids", ids.kv},
+                            {"q_segment_pos", pos.q},
+                            {"kv_segment_pos", pos.kv}},
+                           [&] { return SequenceDescriptor::from_segment_ids_and_pos(ids, pos); });
           },
           nb::arg("q_segment_ids"), nb::arg("q_segment_pos"), nb::arg("kv_segment_ids").none() = nb::none(),
           nb::arg("kv_segment_pos").none() = nb::none())

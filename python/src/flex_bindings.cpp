@@ -1,10 +1,13 @@
 // seqattn._core: flex_attention BlockMask arrays (masks/flex_export.hpp) and
 // the tile table seqattn.torch's mask_mod reads, as NumPy arrays.
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,14 +36,41 @@ nb::object owned_numpy(seqattn::Tensor<T>&& t) {
   return nb::cast(nb::ndarray<nb::numpy, T>(data, dims.size(), dims.data(), owner));
 }
 
+// The bytes the export and the tile table allocate (int32 throughout; the
+// tile bits are left out: at most the BlockMask's own), saturated: the export
+// checks its sizes against the limits itself.
+std::size_t flex_bytes(const seqattn::BlockMask& bm, index_t B, index_t H, bool separate_full_blocks,
+                       bool compute_q_blocks) {
+  using seqattn::detail::add_fits;
+  using seqattn::detail::mul_fits;
+  constexpr auto kSaturated = std::numeric_limits<std::size_t>::max();
+  if (bm.batch() == 0) return 0;
+  const index_t nq = bm.num_q_blocks(0), nkv = bm.num_kv_blocks(0);
+  index_t bh = 0, per_side = 0, tiles = 0, sides = 0, total = 0;
+  // Per side: [B, H, n] counts and [B, H, n, m] indices, twice when full blocks are separate.
+  const index_t copies = separate_full_blocks ? 2 : 1;
+  if (!mul_fits(B, H, bh) || !mul_fits(nq, nkv + 1, per_side) || !mul_fits(bh, per_side, per_side) ||
+      !mul_fits(per_side, copies * (compute_q_blocks ? 2 : 1), sides) || !mul_fits(bm.batch(), bm.heads(), tiles) ||
+      !mul_fits(tiles, nq, tiles) || !mul_fits(tiles, nkv, tiles) || !add_fits(sides, tiles, total) ||
+      !mul_fits(total, index_t{4}, total)) {
+    return kSaturated;
+  }
+  return static_cast<std::size_t>(total);
+}
+
 nb::dict export_arrays(const seqattn::BlockMask& bm, index_t B, index_t H, bool separate_full_blocks,
                        bool compute_q_blocks) {
   seqattn::FlexBlockMaskArrays a;
   seqattn::FlexTileTable table;
   {
     nb::gil_scoped_release release;
-    a = seqattn::to_flex_block_mask(bm, B, H, {separate_full_blocks, compute_q_blocks});
-    table = seqattn::flex_tile_table(bm);
+    const index_t nq = bm.batch() > 0 ? bm.num_q_blocks(0) : 0, nkv = bm.batch() > 0 ? bm.num_kv_blocks(0) : 0;
+    const std::string what = seqattn::detail::concat("seqattn.torch.block_mask: the flex arrays for B=", B, ", H=", H,
+                                                     " and ", nq, " x ", nkv, " blocks");
+    seqattn::detail::allocating(what.c_str(), flex_bytes(bm, B, H, separate_full_blocks, compute_q_blocks), [&] {
+      a = seqattn::to_flex_block_mask(bm, B, H, {separate_full_blocks, compute_q_blocks});
+      table = seqattn::flex_tile_table(bm);
+    });
   }
   nb::dict d;
   d["kv_num_blocks"] = owned_numpy(std::move(a.kv_num_blocks));

@@ -29,6 +29,9 @@ template <class T>
 using NumpyArray = nb::ndarray<nb::numpy, T>;
 
 // A strided view of a NumPy/DLPack array (strides in elements, as both use).
+// A broadcast array (stride 0) may have any number of elements without
+// memory behind them; more than limits::kMaxTensorElements is refused here,
+// naming `name`, since every copy or result sized from it would be too.
 template <class T>
 TensorView<const T> view_of(const CpuArray<T>& a, const char* name) {
   detail::require(a.ndim() <= static_cast<std::size_t>(kMaxRank), name, ": at most ", kMaxRank,
@@ -39,7 +42,46 @@ TensorView<const T> view_of(const CpuArray<T>& a, const char* name) {
     shape.push_back(static_cast<index_t>(a.shape(d)));
     strides.push_back(static_cast<index_t>(a.stride(d)));
   }
+  detail::checked_tensor_size(shape, name);
   return TensorView<const T>(a.data(), shape, strides);
+}
+
+// Runs `allocate`, which allocates about `bytes` for `what` (a description
+// with the shape), turning std::bad_alloc into seqattn::out_of_memory: Python
+// then sees a MemoryError naming the request instead of "std::bad_alloc".
+template <class Allocate>
+decltype(auto) allocating(const std::string& what, std::size_t bytes, Allocate&& allocate) {
+  return detail::allocating(what.c_str(), bytes, std::forward<Allocate>(allocate));
+}
+
+// The bytes of `elements` values of T, saturated (only for messages and
+// allocation requests whose element count is already checked).
+template <class T>
+std::size_t bytes_of(index_t elements) {
+  index_t bytes = 0;
+  if (elements < 0 || !detail::mul_fits(elements, static_cast<index_t>(sizeof(T)), bytes)) {
+    return std::numeric_limits<std::size_t>::max();
+  }
+  return static_cast<std::size_t>(bytes);
+}
+
+// A result tensor of `shape` filled with `fill`: more than
+// limits::kMaxTensorElements elements is a seqattn::invalid_argument naming
+// `what` and the shape, raised before anything is allocated; within the limit
+// a failed allocation is a seqattn::out_of_memory naming the bytes.
+template <class T>
+Tensor<T> allocate_result(const char* what, const Extents& shape, const T& fill) {
+  const index_t n = detail::checked_tensor_size(shape, what);
+  return allocating(detail::concat(what, " ", shape), bytes_of<T>(n), [&] { return Tensor<T>(shape, fill); });
+}
+
+// An owned copy of a (possibly broadcast or strided) input array, `name` of
+// the argument of `who`; sized and reported like allocate_result.
+template <class T>
+Tensor<T> owned_copy(const CpuArray<T>& a, const char* who, const char* name) {
+  const TensorView<const T> v = view_of(a, name);
+  return allocating(detail::concat(who, ": ", name, " ", v.shape()), bytes_of<T>(v.size()),
+                    [&] { return to_tensor(v); });
 }
 
 template <class T>
@@ -96,6 +138,9 @@ struct PyMask {
   std::string kind;
   std::optional<RaggedLengths> lengths;
   std::optional<index_t> heads;
+  // The sequences its own data describes when it holds no lengths (one
+  // prefix length per sequence): representations default their batch to it.
+  std::optional<index_t> batch;
 };
 
 // What a Python BlockMask object holds (shared with plans).
@@ -118,7 +163,9 @@ struct EngineCall {
   float scale = std::numeric_limits<float>::quiet_NaN();
   float softcap = 0.0f;
   std::span<const float> sinks = {};
-  int threads = 1;
+  // 0 = all hardware threads; wider than int so that no caller's value is
+  // truncated before it is range-checked.
+  std::int64_t threads = 1;
 };
 
 template <class T>

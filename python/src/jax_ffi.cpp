@@ -106,7 +106,7 @@ EngineCall engine_call(const AnyMask& mask, float scale, float softcap, std::int
   c.mask = &mask;
   c.scale = scale;
   c.softcap = softcap;
-  c.threads = static_cast<int>(threads);
+  c.threads = threads;  // range-checked by the engine before it is narrowed
   return c;
 }
 

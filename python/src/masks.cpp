@@ -78,10 +78,11 @@ std::optional<RaggedLengths> merged_lengths(const PyMask& a, const PyMask& b) {
   return a.lengths ? a.lengths : b.lengths;
 }
 std::optional<index_t> merged_heads(const PyMask& a, const PyMask& b) { return a.heads ? a.heads : b.heads; }
+std::optional<index_t> merged_batch(const PyMask& a, const PyMask& b) { return a.batch ? a.batch : b.batch; }
 
 PyMask make(AnyMask mask, std::string repr, std::string kind, std::optional<RaggedLengths> lengths = {},
-            std::optional<index_t> heads = {}) {
-  return PyMask{std::move(mask), std::move(repr), std::move(kind), std::move(lengths), heads};
+            std::optional<index_t> heads = {}, std::optional<index_t> batch = {}) {
+  return PyMask{std::move(mask), std::move(repr), std::move(kind), std::move(lengths), heads, batch};
 }
 
 // The lengths a representation is built for: explicit ones first, then the
@@ -95,7 +96,7 @@ RaggedLengths resolve_lengths(const PyMask& m, OptIndex q_len, OptIndex kv_len, 
     return RaggedLengths{lengths->first, lengths->second};
   }
   if (q_len) {
-    const index_t b = batch ? *batch : (m.lengths ? m.lengths->batch() : 1);
+    const index_t b = batch ? *batch : (m.lengths ? m.lengths->batch() : m.batch.value_or(1));
     return RaggedLengths::uniform(b, *q_len, kv_len ? *kv_len : *q_len);
   }
   detail::require(!kv_len, who, ": kv_len given without q_len");
@@ -109,9 +110,29 @@ RaggedLengths resolve_lengths(const PyMask& m, OptIndex q_len, OptIndex kv_len, 
 
 index_t resolve_heads(const PyMask& m, OptIndex heads) { return heads ? *heads : m.heads.value_or(1); }
 
-template <class T>
-Tensor<T> owned_copy(const CpuArray<T>& a, const char* name) {
-  return to_tensor(view_of(a, name));
+// The bytes pack_bits allocates (bits, a byte-padded segment per sequence and
+// head, and indptr), saturated: pack_bits itself rejects sizes over its limit.
+std::size_t packed_bytes(const RaggedLengths& l, index_t heads) {
+  index_t total = 0, bits = 0;
+  for (std::size_t b = 0; b < l.q.size(); ++b) {
+    if (!detail::mul_fits(l.q[b], l.kv[b], bits) || !detail::mul_fits(bits, heads, bits) ||
+        !detail::add_fits(total, (bits + 7) / 8, total)) {
+      return std::numeric_limits<std::size_t>::max();
+    }
+  }
+  index_t segments = 0;
+  if (!detail::mul_fits(l.batch(), heads, segments)) return std::numeric_limits<std::size_t>::max();
+  return bytes_of<std::uint8_t>(total) + bytes_of<std::int64_t>(segments + 1);
+}
+
+// The [batch, heads, max q_len, max kv_len] shape of a dense representation.
+Extents dense_shape(const RaggedLengths& l, index_t heads) {
+  index_t q = 0, kv = 0;
+  for (std::size_t b = 0; b < l.q.size(); ++b) {
+    q = std::max(q, l.q[b]);
+    kv = std::max(kv, l.kv[b]);
+  }
+  return Extents{l.batch(), heads, q, kv};
 }
 
 // Shared state of a mask built from arrays: the layouts the description views.
@@ -144,18 +165,21 @@ void bind_mask_base(nb::module_& m) {
                      return std::make_pair(s.lengths->q, s.lengths->kv);
                    })
       .def_prop_ro("heads", [](const PyMask& s) { return s.heads; })
+      .def_prop_ro(
+          "batch", [](const PyMask& s) -> std::optional<index_t> { return s.lengths ? s.lengths->batch() : s.batch; },
+          "The sequences the mask's own data describes (None: any batch).")
       .def("__and__",
            [](const PyMask& a, const PyMask& b) {
              return make(AnyMask(a.mask & b.mask), "(" + a.repr + " & " + b.repr + ")", "and", merged_lengths(a, b),
-                         merged_heads(a, b));
+                         merged_heads(a, b), merged_batch(a, b));
            })
       .def("__or__",
            [](const PyMask& a, const PyMask& b) {
              return make(AnyMask(a.mask | b.mask), "(" + a.repr + " | " + b.repr + ")", "or", merged_lengths(a, b),
-                         merged_heads(a, b));
+                         merged_heads(a, b), merged_batch(a, b));
            })
       .def("__invert__",
-           [](const PyMask& a) { return make(AnyMask(~a.mask), "~" + a.repr, "not", a.lengths, a.heads); })
+           [](const PyMask& a) { return make(AnyMask(~a.mask), "~" + a.repr, "not", a.lengths, a.heads, a.batch); })
       .def(
           "allowed",
           [](const PyMask& s, index_t q, index_t kv, index_t q_len, OptIndex kv_len, index_t batch, index_t head) {
@@ -173,12 +197,14 @@ void bind_mask_base(nb::module_& m) {
              const LengthLists& lengths) {
             const RaggedLengths l = resolve_lengths(s, q_len, kv_len, batch, lengths, "to_dense");
             const index_t h = resolve_heads(s, heads);
+            const Extents shape = dense_shape(l, h);
+            const index_t n = detail::checked_tensor_size(shape, "to_dense: the mask [batch, heads, q_len, kv_len]");
             Tensor<std::uint8_t> dense;
             {
               nb::gil_scoped_release release;
-              dense = to_dense(s.mask, l, h);
+              dense = allocating(detail::concat("to_dense: the mask ", shape), bytes_of<std::uint8_t>(n),
+                                 [&] { return to_dense(s.mask, l, h); });
             }
-            const Extents shape = dense.shape();
             return to_numpy<bool>(std::move(dense), shape);
           },
           nb::arg("q_len").none() = nb::none(), nb::arg("kv_len").none() = nb::none(), nb::kw_only(),
@@ -191,10 +217,15 @@ void bind_mask_base(nb::module_& m) {
              const LengthLists& lengths, float mask_value) {
             const RaggedLengths l = resolve_lengths(s, q_len, kv_len, batch, lengths, "to_additive");
             const index_t h = resolve_heads(s, heads);
+            const Extents shape = dense_shape(l, h);
+            const index_t n = detail::checked_tensor_size(shape, "to_additive: the mask [batch, heads, q_len, kv_len]");
             Tensor<float> out;
             {
               nb::gil_scoped_release release;
-              out = to_additive(s.mask, l, h, mask_value);
+              // The float32 result and the dense mask it is made from.
+              out = allocating(detail::concat("to_additive: the mask ", shape, " float32"),
+                               bytes_of<float>(n) + bytes_of<std::uint8_t>(n),
+                               [&] { return to_additive(s.mask, l, h, mask_value); });
             }
             return to_numpy(std::move(out));
           },
@@ -211,7 +242,9 @@ void bind_mask_base(nb::module_& m) {
             PackedMask p;
             {
               nb::gil_scoped_release release;
-              p = pack_bits(s.mask, l, h);
+              // pack_bits checks its size against the limits before it allocates.
+              p = allocating(detail::concat("pack_bits: the packed mask of ", l.batch(), " sequences x ", h, " heads"),
+                             packed_bytes(l, h), [&] { return pack_bits(s.mask, l, h); });
             }
             return std::make_pair(to_numpy(std::move(p.bits)), to_numpy(std::move(p.indptr)));
           },
@@ -314,7 +347,8 @@ void bind_block_mask(nb::module_& m) {
           [](const PyBlockMask& p) {
             const BlockMask& bm = *p.block_mask;
             const auto [nq, nkv] = max_block_counts(bm);
-            Tensor<std::int8_t> out(Extents{bm.batch(), bm.heads(), nq, nkv}, 0);
+            Tensor<std::int8_t> out =
+                allocate_result("BlockMask.classes: int8", Extents{bm.batch(), bm.heads(), nq, nkv}, std::int8_t{0});
             for (index_t b = 0; b < bm.batch(); ++b) {
               for (index_t h = 0; h < bm.heads(); ++h) {
                 for (index_t qb = 0; qb < bm.num_q_blocks(b); ++qb) {
@@ -334,7 +368,8 @@ void bind_block_mask(nb::module_& m) {
           [](const PyBlockMask& p) {
             const BlockMask& bm = *p.block_mask;
             const auto [nq, nkv] = max_block_counts(bm);
-            Tensor<std::int32_t> out(Extents{bm.batch(), bm.heads(), nq, nkv}, -1);
+            Tensor<std::int32_t> out = allocate_result("BlockMask.partial_tile_ids: int32",
+                                                       Extents{bm.batch(), bm.heads(), nq, nkv}, std::int32_t{-1});
             for (index_t b = 0; b < bm.batch(); ++b) {
               for (index_t h = 0; h < bm.heads(); ++h) {
                 for (index_t qb = 0; qb < bm.num_q_blocks(b); ++qb) {
@@ -353,7 +388,8 @@ void bind_block_mask(nb::module_& m) {
           [](const PyBlockMask& p) {
             const BlockMask& bm = *p.block_mask;
             const index_t n = bm.num_distinct_partial_tiles(), bq = bm.block_shape().q, bk = bm.block_shape().kv;
-            Tensor<std::uint8_t> out(Extents{n, bq, bk}, 0);
+            Tensor<std::uint8_t> out =
+                allocate_result("BlockMask.tile_bits: bool", Extents{n, bq, bk}, std::uint8_t{0});
             const index_t wpr = bm.words_per_row();
             for (index_t id = 0; id < n; ++id) {
               const auto bits = bm.tile_bits(static_cast<std::int32_t>(id));
@@ -373,8 +409,17 @@ void bind_block_mask(nb::module_& m) {
           [](const PyBlockMask& p) {
             const BlockMask& bm = *p.block_mask;
             const auto [nq, nkv] = max_block_counts(bm);
-            Tensor<std::int32_t> kv_num(Extents{bm.batch(), bm.heads(), nq}, 0), full_num(kv_num.shape(), 0);
-            Tensor<std::int32_t> kv_idx(Extents{bm.batch(), bm.heads(), nq, nkv}, 0), full_idx(kv_idx.shape(), 0);
+            const Extents counts{bm.batch(), bm.heads(), nq}, indices{bm.batch(), bm.heads(), nq, nkv};
+            const index_t n = detail::checked_tensor_size(indices, "BlockMask.flex_arrays: kv_indices");
+            Tensor<std::int32_t> kv_num, full_num, kv_idx, full_idx;
+            // Two count arrays and two index arrays, all int32.
+            allocating(detail::concat("BlockMask.flex_arrays: int32 ", indices, " x 2 and ", counts, " x 2"),
+                       2 * (bytes_of<std::int32_t>(n) + bytes_of<std::int32_t>(counts.size())), [&] {
+                         kv_num = Tensor<std::int32_t>(counts, 0);
+                         full_num = Tensor<std::int32_t>(counts, 0);
+                         kv_idx = Tensor<std::int32_t>(indices, 0);
+                         full_idx = Tensor<std::int32_t>(indices, 0);
+                       });
             for (index_t b = 0; b < bm.batch(); ++b) {
               for (index_t h = 0; h < bm.heads(); ++h) {
                 for (index_t qb = 0; qb < bm.num_q_blocks(b); ++qb) {
@@ -485,14 +530,15 @@ void bind_mask_kinds(nb::module_& m) {
               return;
             }
             const auto arr = nb::cast<CpuArray<std::int32_t>>(prefix);
-            const TensorView<const std::int32_t> v = view_of(arr, "prefix");
-            detail::require(v.rank() == 1, "PrefixLMMask: prefix lengths must have shape (batch,), got ", v.shape());
-            auto owned = std::make_shared<const Tensor<std::int32_t>>(to_tensor(v));
+            detail::require(arr.ndim() == 1, "PrefixLMMask: prefix lengths must have shape (batch,), got ",
+                            view_of(arr, "prefix").shape());
+            auto owned = std::make_shared<const Tensor<std::int32_t>>(owned_copy(arr, "PrefixLMMask", "prefix"));
+            const index_t batch = owned->extent(0);
             PrefixLMMask mask{0, owned->values(), a};
             new (self) PyPrefixLM{
                 make(AnyMask(mask, owned),
-                     "PrefixLMMask(" + join({"<" + std::to_string(v.extent(0)) + " lengths>", alignment_repr(a)}) + ")",
-                     "prefix_lm")};
+                     "PrefixLMMask(" + join({"<" + std::to_string(batch) + " lengths>", alignment_repr(a)}) + ")",
+                     "prefix_lm", std::nullopt, std::nullopt, batch)};
           },
           nb::arg("prefix"), nb::arg("alignment") = "top_left");
 
@@ -508,13 +554,17 @@ void bind_mask_kinds(nb::module_& m) {
             const auto q_ids = view_of(ids, "segment_ids");
             const auto q_pos = pos ? view_of(*pos, "segment_pos") : TensorView<const std::int32_t>{};
             detail::require(!kv_pos || kv_ids, "DocumentMask: kv_segment_pos given without kv_segment_ids");
+            const auto k_ids = kv_ids ? view_of(*kv_ids, "kv_segment_ids") : q_ids;
+            const auto k_pos =
+                kv_ids ? (kv_pos ? view_of(*kv_pos, "kv_segment_pos") : TensorView<const std::int32_t>{}) : q_pos;
+            // Per side and token: a run index, and a copy of the ids when they
+            // are strided or broadcast.
+            const std::size_t bytes = bytes_of<std::int64_t>(q_ids.size()) + bytes_of<std::int64_t>(k_ids.size());
             std::shared_ptr<const DocumentLayout> layout;
             {
               nb::gil_scoped_release release;
-              layout = kv_ids ? share(DocumentLayout::from_segment_ids(
-                                    q_ids, view_of(*kv_ids, "kv_segment_ids"), q_pos,
-                                    kv_pos ? view_of(*kv_pos, "kv_segment_pos") : TensorView<const std::int32_t>{}))
-                              : share(DocumentLayout::from_segment_ids(q_ids, q_pos));
+              layout = allocating(detail::concat("DocumentMask: the run tables of segment_ids ", q_ids.shape()), bytes,
+                                  [&] { return share(DocumentLayout::from_segment_ids(q_ids, k_ids, q_pos, k_pos)); });
             }
             const AnyMask in = inner ? inner->mask : AnyMask();
             std::string repr = "DocumentMask(<" + shape_string(q_ids.shape()) + " ids>" +
@@ -534,7 +584,7 @@ void bind_mask_kinds(nb::module_& m) {
           [](PyMultiItem* self, const std::vector<CpuArray<std::int32_t>>& sequences, std::int32_t delimiter) {
             MultiItemLayout l;
             for (std::size_t i = 0; i < sequences.size(); ++i) {
-              const Tensor<std::int32_t> t = owned_copy(sequences[i], "tokens");
+              const Tensor<std::int32_t> t = owned_copy(sequences[i], "MultiItemMask", "tokens");
               detail::require(t.rank() == 1, "MultiItemMask: tokens[", i, "] must be 1-D, got shape ", t.shape());
               l.add_packed(t.values(), delimiter);
             }
@@ -555,7 +605,10 @@ void bind_mask_kinds(nb::module_& m) {
             std::shared_ptr<const TopKLayout> layout;
             {
               nb::gil_scoped_release release;
-              layout = share(TopKLayout::from_indices(v, kv_len));
+              // The keys (and a copy of strided or broadcast indices).
+              layout = allocating(detail::concat("TopKMask: the key lists of indices ", v.shape()),
+                                  2 * bytes_of<std::int32_t>(v.size()),
+                                  [&] { return share(TopKLayout::from_indices(v, kv_len)); });
             }
             const index_t t = v.rank() >= 2 ? v.extent(-2) : 0;
             const index_t batch = v.rank() >= 2 ? v.shape().drop_last(2).size() : 0;
@@ -572,7 +625,7 @@ void bind_mask_kinds(nb::module_& m) {
       .def(
           "__init__",
           [](PyDense* self, const CpuArray<std::uint8_t>& values) {
-            auto owned = std::make_shared<const Tensor<std::uint8_t>>(owned_copy(values, "values"));
+            auto owned = std::make_shared<const Tensor<std::uint8_t>>(owned_copy(values, "DenseMask", "values"));
             const Extents& s = owned->shape();
             detail::require(s.rank() >= 2,
                             "DenseMask: values must have shape (Q, KV), (B, Q, KV) or (*E, B, H, Q, KV), got ", s);

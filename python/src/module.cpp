@@ -2,6 +2,8 @@
 #include <nanobind/nanobind.h>
 #include <stdexcept>
 
+#include "seqattn/core/checked.hpp"
+#include "seqattn/core/error.hpp"
 #include "seqattn/core/simd.hpp"
 #include "seqattn/version.hpp"
 
@@ -12,16 +14,21 @@ namespace nb = nanobind;
 
 NB_MODULE(_core, m) {
   m.doc() = "seqattn C++ core: descriptors, masks and the CPU attention engine";
-  // nanobind already maps std::invalid_argument to ValueError; registering
-  // seqattn's own type first keeps that true whatever nanobind's defaults.
+  // nanobind already maps std::invalid_argument to ValueError and
+  // std::bad_alloc to MemoryError with what(); registering seqattn's own
+  // types keeps that true whatever nanobind's defaults, so out_of_memory's
+  // message (the request in bytes) always reaches Python.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
     } catch (const std::invalid_argument& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const seqattn::out_of_memory& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
     }
   });
   m.attr("simd_target") = seqattn::static_simd_target();
+  m.attr("MAX_THREADS") = seqattn::limits::kMaxThreads;
   seqattn::python::bind_descriptors(m);
   seqattn::python::bind_masks(m);
   seqattn::python::bind_attention(m);

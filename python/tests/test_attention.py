@@ -169,3 +169,13 @@ def test_attention_errors_are_value_errors(rng):
         seqattn.attention(q[0], q[0], q[0], cu_seqlens=np.array([0, 4, 12]))
     with pytest.raises(ValueError, match="threads must be >= 0"):
         seqattn.attention(q, q, q, threads=-1)
+
+
+@pytest.mark.parametrize("threads", [2**32 + 1, 2**70])
+def test_threads_beyond_int_range_are_value_errors(rng, threads):
+    q = randn(rng, 1, 8, 2, 16)
+    message = rf"attention: threads must be at most 4096 \(limits::kMaxThreads\), got {threads}"
+    with pytest.raises(ValueError, match=message):
+        seqattn.attention(q, q, q, threads=threads)
+    with pytest.raises(ValueError, match=message):
+        seqattn.attention_backward(q, q, q, q, np.zeros((1, 2, 8), np.float32), q, threads=threads)

@@ -145,3 +145,23 @@ def test_errors_name_the_shapes():
         st.block_mask(seqattn.DocumentMask(ids), 3, 1)
     with pytest.raises(ValueError, match="Q_LEN is required"):
         st.block_mask(seqattn.CausalMask(), 1, 1)
+
+
+def test_block_size_of_the_wrong_form_names_the_argument():
+    for bad in [(128,), (64, 64, 64), "128", (64.5, 64)]:
+        with pytest.raises(ValueError, match=r"block_mask: BLOCK_SIZE must be an int or a pair \(block_q, block_kv\)"):
+            st.block_mask(seqattn.CausalMask(), 1, 1, 256, 256, BLOCK_SIZE=bad)
+
+
+@pytest.mark.parametrize("B", [2, 3])
+def test_prefix_lm_with_one_prefix_per_sequence(B):
+    prefix = np.array([3, 200, 129][:B], np.int32)
+    lengths = torch.from_numpy(prefix)
+    mask_mod = lambda b, h, q, kv: (kv < lengths[b]) | (kv <= q)  # noqa: E731
+    theirs = fa.create_block_mask(mask_mod, B, 2, 256, 256, device="cpu", BLOCK_SIZE=(64, 32))
+    ours = st.block_mask(seqattn.PrefixLMMask(prefix), B, 2, 256, 256, BLOCK_SIZE=(64, 32))
+    assert_same_block_mask(ours, theirs)
+    got = fa.create_mask(ours.mask_mod, B, 2, 256, 256, device="cpu")
+    assert torch.equal(got, fa.create_mask(mask_mod, B, 2, 256, 256, device="cpu"))
+    with pytest.raises(ValueError, match=f"has {B} sequences, which neither equals B=4"):
+        st.block_mask(seqattn.PrefixLMMask(prefix), 4, 1, 256, 256)

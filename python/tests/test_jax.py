@@ -104,3 +104,52 @@ def test_errors(rng):
         sj.attention(q, q, q, "causal")
     with pytest.raises(Exception, match="is not one contiguous run"):
         jax.block_until_ready(sj.attention(q, q, q, segment_ids=np.array([[1, 2, 1, 1, 1, 1, 1, 1]], np.int32)))
+
+
+def test_int64_segment_ids_are_range_checked_not_truncated(rng):
+    q = randn(rng, 1, 4, 1, 8)
+    # 1 and 2^32 + 1 are different documents: truncated to int32 they would be one.
+    ids = np.array([[1, 1, 2**32 + 1, 2**32 + 1]], np.int64)
+    with pytest.raises(ValueError, match=r"segment_ids: values in \[1, 4294967297\] do not fit int32"):
+        sj.attention(q, q, q, segment_ids=ids)
+    with pytest.raises(ValueError, match=r"positions: values in \[-4294967296, 0\] do not fit int32"):
+        sj.attention(q, q, q, segment_ids=np.ones((1, 4), np.int32),
+                     positions=np.array([[0, 0, 0, -(2**32)]], np.int64))
+    # Values that fit are converted exactly.
+    got = sj.attention(q, q, q, segment_ids=np.array([[1, 1, 2, 2]], np.int64))
+    np.testing.assert_array_equal(got, sj.attention(q, q, q, segment_ids=np.array([[1, 1, 2, 2]], np.int32)))
+
+
+def test_wide_traced_segment_ids_are_refused_at_trace_time(rng):
+    q = randn(rng, 1, 4, 1, 8)
+    with jax.enable_x64(True):
+        fn = jax.jit(lambda q, i: sj.attention(q, q, q, segment_ids=i))
+        with pytest.raises(ValueError, match="segment_ids: int64 ids inside jit cannot be range-checked"):
+            fn(q, np.array([[1, 1, 2**32 + 1, 2**32 + 1]], np.int64))
+
+
+@pytest.mark.parametrize("threads", [2**32 + 1, -1, 4097, 2**70])
+def test_threads_out_of_range(rng, threads):
+    q = randn(rng, 1, 4, 1, 8)
+    with pytest.raises(ValueError, match=f"attention: threads must be .*got {threads}"):
+        sj.attention(q, q, q, threads=threads)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("heads", r"attention: query heads \(1\) must be a multiple of key/value heads \(2\)"),
+        ("scale", "attention: scale must be finite, got inf"),
+        ("softcap", r"attention: softcap must be finite and >= 0 \(0 disables it\), got -1"),
+        ("threads", r"attention: threads must be at most 4096 \(limits::kMaxThreads\), got 5000"),
+        ("mask", r"DenseMask: sequence 0 has lengths \(4, 4\) but values have shape \(3, 3\)"),
+    ],
+)
+def test_engine_errors_under_jit_are_value_errors_at_trace_time(rng, case, message):
+    q, kv = randn(rng, 1, 4, 1, 8), randn(rng, 1, 4, 2, 8)
+    k = kv if case == "heads" else q
+    kw = {"scale": {"scale": float("inf")}, "softcap": {"softcap": -1.0}, "threads": {"threads": 5000}}.get(case, {})
+    mask = seqattn.DenseMask(np.ones((3, 3), bool)) if case == "mask" else None
+    fn = jax.jit(lambda q, k: sj.attention(q, k, k, mask, **kw))
+    with pytest.raises(ValueError, match=message):
+        fn(q, k)

@@ -13,7 +13,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$root/build/fuzz"
 jobs="${JOBS:-2}"
 cxx="${CXX:-clang++}"
-fuzzers="${FUZZERS:-fuzz_descriptors fuzz_block_mask fuzz_topk fuzz_attention}"
+fuzzers="${FUZZERS:-fuzz_descriptors fuzz_block_mask fuzz_topk fuzz_attention fuzz_plan fuzz_paged fuzz_any_mask fuzz_export}"
 
 command -v "$cxx" >/dev/null || { echo "fuzz.sh: $cxx not found (needs clang with libFuzzer, e.g. clang + libclang-rt-14-dev)" >&2; exit 1; }
 

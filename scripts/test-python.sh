@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Python package's tests: a venv (numpy, nanobind, scikit-build-core,
-# pytest, jax[cpu], ml_dtypes and torch, pinned in python/requirements-test.txt;
+# pytest, jax[cpu], ml_dtypes, torch and atheris, pinned in python/requirements-test.txt;
 # cached, linked as build/python-venv), an incremental build of the package
-# into it (build dir build/python), then pytest.
+# into it (build dir build/python), then pytest, then the atheris fuzz target
+# (python/tests/fuzz) for SEQATTN_FUZZ_SECONDS.
 # Idempotent: a second run reuses the venv and the CMake build dir. Extra
 # arguments go to pytest.
 set -euo pipefail
@@ -65,4 +66,24 @@ step "build + install seqattn"
 cd "$root/python/tests"
 "$py" -m pytest -q "$@"
 step "pytest"
+
+# The atheris fuzz target over the entry points (python/tests/fuzz), for
+# SEQATTN_FUZZ_SECONDS (default 30; 0 skips it), on a fresh corpus in the
+# build tree seeded from the checked-in one; reproducers land in
+# build/python-fuzz/artifacts.
+fuzz_seconds="${SEQATTN_FUZZ_SECONDS:-30}"
+if [[ "$fuzz_seconds" != 0 ]]; then
+  fuzz_dir="$root/build/python-fuzz"
+  rm -rf "$fuzz_dir/corpus"
+  mkdir -p "$fuzz_dir/corpus" "$fuzz_dir/artifacts"
+  "$py" "$root/python/tests/fuzz/fuzz_entry_points.py" -max_total_time="$fuzz_seconds" -timeout=30 \
+    -rss_limit_mb=6144 -print_final_stats=1 -artifact_prefix="$fuzz_dir/artifacts/" \
+    "$fuzz_dir/corpus" "$root/python/tests/fuzz/corpus" >"$fuzz_dir/log.txt" 2>&1 || {
+    tail -n 60 "$fuzz_dir/log.txt" >&2
+    echo "test-python: FAILED: the atheris fuzz target found a crash (reproducer under $fuzz_dir/artifacts)" >&2
+    exit 1
+  }
+  grep -E 'stat::number_of_executed_units|cov:' "$fuzz_dir/log.txt" | tail -n 2 || true
+  step "fuzz (atheris, ${fuzz_seconds} s)"
+fi
 printf 'test-python: %-34s %4ds\n' "total" $((SECONDS - start))

@@ -99,7 +99,13 @@ struct SplashOptions {
   std::optional<SplashMaskFunction> mask_function;
 };
 
-namespace detail::splash {
+}  // namespace seqattn::backends
+
+// In seqattn::detail, not backends::detail: a `detail` inside backends would
+// hide seqattn::detail from every backend header included after this one.
+namespace seqattn::detail::splash {
+
+using backends::SmemDtype;
 
 // Tile classes and content of one head's (q-block x kv-block) grid, row-major.
 struct Grid {
@@ -219,7 +225,9 @@ struct Arrays {
   std::size_t at(index_t r, index_t q, index_t kv) const { return static_cast<std::size_t>((r * nq + q) * nkv + kv); }
 };
 
-}  // namespace detail::splash
+}  // namespace seqattn::detail::splash
+
+namespace seqattn::backends {
 
 // The MaskInfo builder. Stateless: a namespace-like policy type, named like the
 // CPU backends so a future TPU bridge can take it as a template argument.
@@ -294,12 +302,18 @@ struct Splash {
     const index_t head_shards = options.head_shards, q_shards = options.q_seq_shards;
     const index_t heads_per_shard = heads / head_shards, q_blocks_per_shard = nq / q_shards;
 
+    // Each head's class grid holds one int8 class and one int32 content id per tile.
+    const index_t grid_cells = seqattn::detail::checked_size(
+        "Splash::mask_info: class grid of one head (q-blocks x kv-blocks)", limits::kMaxTensorElements, nq, nkv);
+    const auto grid_bytes = static_cast<std::size_t>(grid_cells) * (sizeof(std::int8_t) + sizeof(std::int32_t));
+
     // §1 unique masks by content, in order of first head; §2 tile classes.
     ds::TileContents tiles(bm, batch);
     std::vector<ds::Grid> unique;
     std::vector<index_t> mask_of_head(static_cast<std::size_t>(heads), 0);
     for (index_t h = 0; h < bm.heads(); ++h) {
-      ds::Grid g = ds::head_grid(bm, batch, h, nq, nkv, tiles);
+      ds::Grid g = seqattn::detail::allocating("Splash::mask_info: class grid of one head", grid_bytes,
+                                               [&] { return ds::head_grid(bm, batch, h, nq, nkv, tiles); });
       index_t id = -1;
       for (std::size_t u = 0; u < unique.size() && id < 0; ++u) {
         if (unique[u].hash == g.hash && unique[u].cls == g.cls && unique[u].content == g.content) {
@@ -344,9 +358,12 @@ struct Splash {
     a.nkv = nkv;
     const auto cells = static_cast<std::size_t>(seqattn::detail::checked_size(
         "Splash::mask_info: MaskInfo arrays", limits::kMaxTensorElements, a.rows, nq, nkv));
-    a.block_mask.assign(cells, 0);
-    a.data_next.assign(cells, 0);
-    if (has_partials) a.mask_next.assign(cells, 0);
+    seqattn::detail::allocating("Splash::mask_info: MaskInfo arrays",
+                                cells * sizeof(std::int32_t) * (has_partials ? 3 : 2), [&] {
+                                  a.block_mask.assign(cells, 0);
+                                  a.data_next.assign(cells, 0);
+                                  if (has_partials) a.mask_next.assign(cells, 0);
+                                });
     auto grid_of_row = [&](index_t r) -> const ds::Grid& {
       return unique[static_cast<std::size_t>(
           mask_of_head[static_cast<std::size_t>(per_shard ? r * heads_per_shard : r)])];
@@ -395,7 +412,12 @@ struct Splash {
       info.mask_next = finish(a.mask_next);
       const index_t n = static_cast<index_t>(numbered_contents.size());
       const index_t rows = options.is_dkv ? block.kv : block.q, cols = options.is_dkv ? block.q : block.kv;
-      Tensor<std::uint8_t> blocks(Extents{n, rows, cols}, 0);
+      const index_t block_bytes = seqattn::detail::checked_size("Splash::mask_info: partial_mask_blocks",
+                                                                limits::kMaxTensorElements, n, rows, cols);
+      auto blocks = seqattn::detail::allocating("Splash::mask_info: partial_mask_blocks",
+                                                static_cast<std::size_t>(block_bytes), [&] {
+                                                  return Tensor<std::uint8_t>(Extents{n, rows, cols}, 0);
+                                                });
       const index_t words = bm.words_per_row();
       for (index_t p = 0; p < n; ++p) {
         const auto bits = tiles.bits(numbered_contents[static_cast<std::size_t>(p)]);

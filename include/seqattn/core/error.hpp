@@ -12,6 +12,12 @@
 #include <string>
 #include <utility>
 
+#if defined(__linux__)
+#include <sys/sysinfo.h>
+#elif defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
+
 namespace seqattn {
 
 // Thrown for every caller mistake: shape mismatches, malformed segment ids,
@@ -58,11 +64,43 @@ void require(bool condition, const Parts&... parts) {
   if (!condition) throw_invalid(parts...);
 }
 
+// Physical memory plus swap in bytes (0 when the platform does not say): no
+// single allocation can get more. Read once.
+inline std::size_t machine_memory_bytes() {
+  static const std::size_t bytes = [] {
+    std::size_t total = 0;
+#if defined(__linux__)
+    struct sysinfo info {};
+    if (sysinfo(&info) == 0 &&
+        __builtin_mul_overflow(static_cast<std::size_t>(info.totalram) + info.totalswap, info.mem_unit, &total)) {
+      total = 0;
+    }
+#elif defined(__unix__) || defined(__APPLE__)
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 &&
+        __builtin_mul_overflow(static_cast<std::size_t>(pages), static_cast<std::size_t>(page), &total)) {
+      total = 0;
+    }
+#endif
+    return total;
+  }();
+  return bytes;
+}
+
 // Runs `allocate` (which allocates about `bytes` bytes for `what`) and turns
 // std::bad_alloc into an out_of_memory that names the request, e.g.
 //   auto grid = allocating("Splash class grid", n * sizeof(int8_t), [&] { return std::vector<int8_t>(n); });
+// A request larger than the machine's memory and swap is refused before the
+// allocator sees it: under AddressSanitizer operator new aborts instead of
+// throwing, and with overcommit the allocation may succeed only for the
+// process to be killed while the buffer is filled.
 template <class Allocate>
 decltype(auto) allocating(const char* what, std::size_t bytes, Allocate&& allocate) {
+  if (const std::size_t machine = machine_memory_bytes(); machine != 0 && bytes > machine) {
+    throw out_of_memory(
+        concat(what, ": cannot allocate ", bytes, " bytes (this machine has ", machine, " bytes of memory and swap)"),
+        bytes);
+  }
   try {
     return allocate();
   } catch (const out_of_memory&) {

@@ -110,27 +110,28 @@ class AnyMask {
       M mask, std::shared_ptr<const void> owner = {})
       : impl_(std::make_shared<const Model<M>>(std::move(mask), std::move(owner))) {}
 
-  bool allowed(const MaskContext& ctx, index_t q, index_t kv) const { return impl_->allowed(ctx, q, kv); }
-  TileClass classify(const MaskContext& ctx, const Tile& t) const { return impl_->classify(ctx, t); }
+  bool allowed(const MaskContext& ctx, index_t q, index_t kv) const { return impl().allowed(ctx, q, kv); }
+  TileClass classify(const MaskContext& ctx, const Tile& t) const { return impl().classify(ctx, t); }
   KvSpan kv_span(const MaskContext& ctx, index_t q_begin, index_t q_end) const {
-    return impl_->kv_span(ctx, q_begin, q_end);
+    return impl().kv_span(ctx, q_begin, q_end);
   }
   void row_bits(const MaskContext& ctx, index_t q, index_t kv_begin, index_t kv_end, std::uint64_t* words) const {
-    impl_->row_bits(ctx, q, kv_begin, kv_end, words);
+    impl().row_bits(ctx, q, kv_begin, kv_end, words);
   }
-  void check(const RaggedLengths& lengths, index_t heads) const { impl_->check(lengths, heads); }
+  void check(const RaggedLengths& lengths, index_t heads) const { impl().check(lengths, heads); }
 
   // Whether the wrapped description answers alike for every head: its
   // head_invariant, looking through and / or / not / document of AnyMasks.
-  bool invariant_over_heads() const { return impl_->invariant_over_heads(); }
+  bool invariant_over_heads() const { return impl().invariant_over_heads(); }
   // Whether the wrapped description has the optional hooks (for tests and tools).
-  bool has_kv_span() const { return impl_->has_kv_span(); }
-  bool has_interval_rows() const { return impl_->has_interval_rows(); }
-  const std::type_info& target_type() const { return impl_->type(); }
+  bool has_kv_span() const { return impl().has_kv_span(); }
+  bool has_interval_rows() const { return impl().has_interval_rows(); }
+  const std::type_info& target_type() const { return impl().type(); }
   // The wrapped description when it is an M, else null (like std::function::target).
   template <class M>
   const M* target() const {
-    return impl_->type() == typeid(M) ? &static_cast<const Model<M>*>(impl_.get())->mask : nullptr;
+    const Concept& wrapped = impl();
+    return wrapped.type() == typeid(M) ? &static_cast<const Model<M>&>(wrapped).mask : nullptr;
   }
 
  private:
@@ -180,6 +181,18 @@ class AnyMask {
     bool has_interval_rows() const override { return IntervalRowMask<M>; }
     const std::type_info& type() const override { return typeid(M); }
   };
+
+  // Null only in a moved-from AnyMask (moving steals the shared model, so that
+  // a move costs no allocation); every question to it throws instead of
+  // dereferencing null, and copies and assignments of it stay defined.
+  const Concept& impl() const {
+    if (!impl_) {
+      detail::throw_invalid(
+          "AnyMask: this is a moved-from AnyMask, which holds no mask; assign a mask to it "
+          "before using it");
+    }
+    return *impl_;
+  }
 
   std::shared_ptr<const Concept> impl_;
 };

@@ -77,6 +77,11 @@ class BlockMask {
   index_t batch() const { return lengths_.batch(); }
   // 1 when the mask is head-invariant: then any head index reads head 0.
   index_t heads() const { return heads_; }
+  // The head count a head-dependent description was built (and checked) for;
+  // 0 when the tiles hold for any head count (a head-invariant description,
+  // or a BlockMask assembled by hand). plan_attention refuses to spread a
+  // one-head BlockMask over more heads unless this is 0.
+  index_t description_heads() const { return description_heads_; }
   BlockShape block_shape() const { return block_; }
   const RaggedLengths& lengths() const { return lengths_; }
   index_t q_len(index_t b) const { return lengths_.q[checked_batch(b)]; }
@@ -209,6 +214,7 @@ class BlockMask {
   std::vector<std::int32_t> partial_tile_ids_;
   std::vector<std::uint64_t> tile_bits_;
   index_t full_tiles_ = 0;
+  index_t description_heads_ = 0;
   Predicate predicate_;
 };
 
@@ -229,7 +235,10 @@ inline bool BlockMask::allowed(const MaskContext& ctx, index_t q, index_t kv) co
   return (bits[static_cast<std::size_t>(row * words_per_row() + col / 64)] >> (col % 64)) & 1u;
 }
 
-// Appends rows in (batch, head, q-block) order.
+// Appends rows in (batch, head, q-block) order: per row, full and partial
+// kv-blocks in increasing order, then end_row(). finish() refuses rows that do
+// not fit the lengths (see check_rows), so a BlockMask assembled by hand is as
+// safe to hand to a kernel or an export as a built one.
 struct BlockMask::Builder {
   BlockMask m;
   std::unordered_map<std::size_t, std::vector<std::int32_t>> tiles_by_hash;
@@ -262,6 +271,7 @@ struct BlockMask::Builder {
   }
 
   void add_full(std::int32_t kb) {
+    require_block_id(kb, "add_full");
     ++m.full_tiles_;
     if (m.full_ranges_.size() > m.full_offsets_.back() && m.full_ranges_.back().end == kb) {
       ++m.full_ranges_.back().end;
@@ -272,6 +282,12 @@ struct BlockMask::Builder {
 
   // `bits` (block_q * words_per_row words) may be empty when bits are not stored.
   void add_partial(std::int32_t kb, std::span<const std::uint64_t> bits) {
+    require_block_id(kb, "add_partial");
+    const auto tile_words = static_cast<std::size_t>(m.block_.q * m.words_per_row());
+    detail::require(bits.empty() || bits.size() == tile_words,
+                    "BlockMask::Builder::add_partial: the tile bits of kv-block ", kb, " hold ", bits.size(),
+                    " words, but a (", m.block_.q, ", ", m.block_.kv, ") tile has ", tile_words,
+                    " words (block_q rows of ceil(block_kv / 64) words)");
     m.partial_blocks_.push_back(kb);
     if (bits.empty()) return;
     std::size_t h = 1469598103934665603ull;
@@ -293,6 +309,7 @@ struct BlockMask::Builder {
   // Full kv-blocks [begin, end) in one step (no-op when empty).
   void add_full_range(std::int32_t begin, std::int32_t end) {
     if (end <= begin) return;
+    require_block_id(begin, "add_full_range");
     m.full_tiles_ += end - begin;
     if (m.full_ranges_.size() > m.full_offsets_.back() && m.full_ranges_.back().end == begin) {
       m.full_ranges_.back().end = end;
@@ -306,7 +323,106 @@ struct BlockMask::Builder {
     m.partial_offsets_.push_back(m.partial_blocks_.size());
   }
 
-  BlockMask finish() { return std::move(m); }
+  // See BlockMask::description_heads().
+  void description_heads(index_t heads) { m.description_heads_ = heads; }
+
+  // Checks the rows against the lengths before handing the mask out: kernels,
+  // transposed() and the Splash / flex exports index each sequence's tile
+  // grid with these block ids unchecked. O(rows + ranges + partial tiles),
+  // plus the words of the partial tiles on a short edge.
+  BlockMask finish() {
+    check_rows();
+    return std::move(m);
+  }
+
+ private:
+  // Only what keeps the builder's own int32 arithmetic defined; finish()
+  // checks each id against its sequence's grid.
+  static void require_block_id(std::int32_t kb, const char* what) {
+    detail::require(kb >= 0 && kb < limits::kMaxBlocksPerAxis, "BlockMask::Builder::", what, ": kv-block ", kb,
+                    " is outside [0, ", limits::kMaxBlocksPerAxis, ") (limits::kMaxBlocksPerAxis)");
+  }
+
+  void check_rows() const {
+    using detail::throw_invalid;
+    const char* const what = "BlockMask::Builder::finish: ";
+    index_t rows = 0;
+    for (index_t b = 0; b < m.batch(); ++b) rows += m.num_q_blocks(b) * m.heads_;
+    const auto ended = static_cast<index_t>(m.full_offsets_.size()) - 1;
+    if (ended != rows) {
+      throw_invalid(what, "the mask has ", rows, " rows ((sequence, head, q-block) triples of ", m.batch(),
+                    " sequences and ", m.heads_, " heads), but end_row() ended ", ended);
+    }
+    if (m.full_offsets_.back() != m.full_ranges_.size() || m.partial_offsets_.back() != m.partial_blocks_.size()) {
+      throw_invalid(what, "blocks were added after the last end_row(), so they belong to no row");
+    }
+    const bool bits = !m.partial_tile_ids_.empty();
+    if (bits && m.partial_tile_ids_.size() != m.partial_blocks_.size()) {
+      throw_invalid(what, m.partial_tile_ids_.size(), " of the ", m.partial_blocks_.size(),
+                    " partial blocks have tile bits; give tile bits for every partial block or for none");
+    }
+    for (index_t b = 0; b < m.batch(); ++b) {
+      const index_t nq = m.num_q_blocks(b), nkv = m.num_kv_blocks(b);
+      for (index_t h = 0; h < m.heads_; ++h) {
+        for (index_t qb = 0; qb < nq; ++qb) {
+          // Messages are built only on failure: this loop runs for every mask built.
+          const auto row = [&] { return detail::concat("row (sequence ", b, ", head ", h, ", q-block ", qb, ")"); };
+          const auto grid = [&] {
+            return detail::concat("[0, ", nkv, "), the kv-blocks of sequence ", b, " (kv_len ", m.kv_len(b),
+                                  ", block_kv ", m.block_.kv, ")");
+          };
+          const auto full = m.full_ranges(b, h, qb);
+          for (std::size_t i = 0; i < full.size(); ++i) {
+            const BlockRange r = full[i];
+            if (r.begin >= r.end || r.end > nkv) {
+              throw_invalid(what, "full kv-blocks [", r.begin, ", ", r.end, ") of ", row(),
+                            " are not a non-empty range inside ", grid());
+            }
+            if (i > 0 && full[i - 1].end > r.begin) {
+              throw_invalid(what, "the full kv-block ranges of ", row(), " are not increasing and disjoint: [", r.begin,
+                            ", ", r.end, ") follows [", full[i - 1].begin, ", ", full[i - 1].end, ")");
+            }
+          }
+          const auto partial = m.partial_blocks(b, h, qb);
+          const auto ids = m.partial_tile_ids(b, h, qb);
+          std::size_t next_full = 0;  // the first full range that does not end at or before partial[i]
+          for (std::size_t i = 0; i < partial.size(); ++i) {
+            const std::int32_t kb = partial[i];
+            if (kb >= nkv) throw_invalid(what, "partial kv-block ", kb, " of ", row(), " is outside ", grid());
+            if (i > 0 && partial[i - 1] >= kb) {
+              throw_invalid(what, "the partial kv-blocks of ", row(), " are not increasing: ", kb, " follows ",
+                            partial[i - 1]);
+            }
+            while (next_full < full.size() && full[next_full].end <= kb) ++next_full;
+            if (next_full < full.size() && full[next_full].begin <= kb) {
+              throw_invalid(what, "kv-block ", kb, " of ", row(), " is both full and partial");
+            }
+            if (bits) check_edge_bits(m.tile(b, qb, kb), m.tile_bits(ids[i]), kb, row);
+          }
+        }
+      }
+    }
+  }
+
+  // A short edge tile's bits past its rows and columns must be clear: they
+  // would claim queries and keys the sequence does not have (an export reads
+  // them, and the builders store them clear).
+  template <class Row>
+  void check_edge_bits(const Tile& t, std::span<const std::uint64_t> bits, std::int32_t kb, const Row& row) const {
+    if (t.rows() == m.block_.q && t.cols() == m.block_.kv) return;
+    const index_t words = m.words_per_row();
+    for (index_t r = 0; r < m.block_.q; ++r) {
+      for (index_t w = 0; w < words; ++w) {
+        const index_t inside = r < t.rows() ? std::clamp<index_t>(t.cols() - w * 64, 0, 64) : 0;
+        const std::uint64_t kept = inside == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << inside) - 1;
+        if ((bits[static_cast<std::size_t>(r * words + w)] & ~kept) != 0) {
+          detail::throw_invalid("BlockMask::Builder::finish: the tile bits of partial kv-block ", kb, " of ", row(),
+                                " set bits outside the tile, which holds ", t.rows(), " x ", t.cols(), " of the (",
+                                m.block_.q, ", ", m.block_.kv, ") elements; bits past a short edge tile must be clear");
+        }
+      }
+    }
+  }
 };
 
 inline BlockMask BlockMask::transposed() const {
@@ -362,6 +478,7 @@ inline BlockMask BlockMask::transposed() const {
       }
     }
   }
+  t.m.description_heads_ = description_heads_;
   if (predicate_) {
     t.m.predicate_ = [p = predicate_](const MaskContext& ctx, index_t q, index_t kv) {
       return p(MaskContext{ctx.batch, ctx.head, ctx.kv_len, ctx.q_len}, kv, q);
@@ -506,6 +623,9 @@ BlockMask build_block_mask(const M& mask, RaggedLengths lengths, index_t heads, 
     }
   }
   builder.m.set_predicate([mask](const MaskContext& ctx, index_t q, index_t kv) { return mask.allowed(ctx, q, kv); });
+  bool invariant = is_head_invariant<M>();
+  if constexpr (requires { mask.invariant_over_heads(); }) invariant = invariant || mask.invariant_over_heads();
+  builder.description_heads(invariant ? 0 : heads);
   return builder.finish();
 }
 

@@ -204,23 +204,36 @@ inline FlexBlockMaskArrays to_flex_block_mask(const BlockMask& bm, index_t B, in
   out.kv_len = bm.kv_len(0);
   out.block = bm.block_shape();
   const index_t nq = bm.num_q_blocks(0), nkv = bm.num_kv_blocks(0);
-  seqattn::detail::checked_size("to_flex_block_mask: kv_indices", limits::kMaxTensorElements, B, H, nq, nkv);
-  out.kv_num_blocks = Tensor<std::int32_t>(Extents{B, H, nq});
-  out.kv_indices = Tensor<std::int32_t>(Extents{B, H, nq, nkv});
-  if (options.separate_full_blocks) {
-    out.full_kv_num_blocks = Tensor<std::int32_t>(Extents{B, H, nq});
-    out.full_kv_indices = Tensor<std::int32_t>(Extents{B, H, nq, nkv});
-  }
-  if (options.compute_q_blocks) {
-    out.q_num_blocks = Tensor<std::int32_t>(Extents{B, H, nkv});
-    out.q_indices = Tensor<std::int32_t>(Extents{B, H, nkv, nq});
-    if (options.separate_full_blocks) {
-      out.full_q_num_blocks = Tensor<std::int32_t>(Extents{B, H, nkv});
-      out.full_q_indices = Tensor<std::int32_t>(Extents{B, H, nkv, nq});
-    }
-  }
-  df::PartialTiles tiles(bm);
+  using seqattn::detail::checked_size;
+  const index_t kv_rows = checked_size("to_flex_block_mask: kv_num_blocks", limits::kMaxTensorElements, B, H, nq);
+  const index_t q_rows = checked_size("to_flex_block_mask: q_num_blocks", limits::kMaxTensorElements, B, H, nkv);
+  const index_t cells = checked_size("to_flex_block_mask: kv_indices", limits::kMaxTensorElements, B, H, nq, nkv);
+  // Every array at once, so a request that cannot be served fails before any
+  // is written; each is within the element limit, so the sum fits in 64 bits.
+  const index_t lists = options.separate_full_blocks ? 2 : 1;
+  const index_t elements = lists * (kv_rows + cells + (options.compute_q_blocks ? q_rows + cells : 0));
+  const index_t grid_cells = nq * nkv;  // at most `cells`: B, H >= 1
   std::vector<std::int8_t> cls;
+  seqattn::detail::allocating(
+      "to_flex_block_mask: the flex arrays and one class grid",
+      static_cast<std::size_t>(elements) * sizeof(std::int32_t) + static_cast<std::size_t>(grid_cells), [&] {
+        cls.reserve(static_cast<std::size_t>(grid_cells));
+        out.kv_num_blocks = Tensor<std::int32_t>(Extents{B, H, nq});
+        out.kv_indices = Tensor<std::int32_t>(Extents{B, H, nq, nkv});
+        if (options.separate_full_blocks) {
+          out.full_kv_num_blocks = Tensor<std::int32_t>(Extents{B, H, nq});
+          out.full_kv_indices = Tensor<std::int32_t>(Extents{B, H, nq, nkv});
+        }
+        if (options.compute_q_blocks) {
+          out.q_num_blocks = Tensor<std::int32_t>(Extents{B, H, nkv});
+          out.q_indices = Tensor<std::int32_t>(Extents{B, H, nkv, nq});
+          if (options.separate_full_blocks) {
+            out.full_q_num_blocks = Tensor<std::int32_t>(Extents{B, H, nkv});
+            out.full_q_indices = Tensor<std::int32_t>(Extents{B, H, nkv, nq});
+          }
+        }
+      });
+  df::PartialTiles tiles(bm);
   // Which classes a list holds: partial lists take full tiles too when full
   // tiles are not separated.
   const std::int8_t full_into_partial = options.separate_full_blocks ? 1 : 2;
@@ -285,10 +298,19 @@ inline FlexTileTable flex_tile_table(const BlockMask& bm) {
   const index_t nq = bm.num_q_blocks(0), nkv = bm.num_kv_blocks(0);
   const BlockShape s = bm.block_shape();
   FlexTileTable table;
-  table.tile_ids = Tensor<std::int32_t>(Extents{bm.batch(), bm.heads(), nq, nkv}, kFlexEmptyTile);
-  df::PartialTiles tiles(bm);
+  const index_t cells = seqattn::detail::checked_size("flex_tile_table: tile_ids", limits::kMaxTensorElements,
+                                                      bm.batch(), bm.heads(), nq, nkv);
+  const index_t grid_cells = nq * nkv;
   std::vector<std::int8_t> cls;
   std::vector<std::int32_t> content;
+  seqattn::detail::allocating(
+      "flex_tile_table: tile_ids and one class grid",
+      static_cast<std::size_t>(cells + grid_cells) * sizeof(std::int32_t) + static_cast<std::size_t>(grid_cells), [&] {
+        table.tile_ids = Tensor<std::int32_t>(Extents{bm.batch(), bm.heads(), nq, nkv}, kFlexEmptyTile);
+        cls.reserve(static_cast<std::size_t>(grid_cells));
+        content.reserve(static_cast<std::size_t>(grid_cells));
+      });
+  df::PartialTiles tiles(bm);
   std::vector<std::int32_t> number;  // content id -> row of tile_bits
   std::vector<std::uint8_t> bytes;
   const index_t words = bm.words_per_row();

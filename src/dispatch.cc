@@ -139,10 +139,10 @@ void forward_with_block_mask(const AttentionInputs<T>& inputs, const BlockMask& 
                            "dispatch::attention_forward: the BlockMask must have tile bits or an element predicate");
   const std::shared_ptr<const BlockMask> borrowed(std::shared_ptr<void>{}, &mask);
   const int workers = pool ? pool->workers() : 1;
-  const auto plan =
-      plan_attention<backends::Dispatched>(shape_of(inputs), borrowed, PlanOptions{options.kv_splits}, workers);
+  const AttentionShape shape = shape_of(inputs);
   const variants::Standard variant{options.scale, {options.softcap}, {options.sinks}};
-  seqattn::detail::check_variant(variant, plan.shape());
+  seqattn::detail::check_variant(variant, shape);  // before planning allocates anything
+  const auto plan = plan_attention<backends::Dispatched>(shape, borrowed, PlanOptions{options.kv_splits}, workers);
   const auto problem = seqattn::detail::make_attention_problem(inputs, plan.shape(), out, lse);
   forward(*plan.work(), plan.block_mask(), problem, variant, pool);
 }

@@ -61,6 +61,7 @@ void attention_forward(const AttentionInputs<T>& inputs, const M& mask, std::typ
   const PlanOptions plan_options{options.kv_splits};
   const int workers = std::max(1, static_cast<int>(exec.workers()));
   const variants::Standard variant{options.scale, {options.softcap}, {options.sinks}};
+  detail::check_variant(variant, shape);  // before planning allocates anything
   if (options.block_mask) {
     // Borrowed for the call: the caller keeps it alive.
     const std::shared_ptr<const BlockMask> borrowed(std::shared_ptr<void>{}, options.block_mask);

@@ -152,6 +152,7 @@ AttentionShape shape_of(const AttentionInputs<T>& in) {
   } else {
     const SegmentTable& seg = *in.segments;
     seg.validate(in.q.extent(0), in.k.extent(0));
+    seg.require_disjoint_queries("attention");
     for (std::size_t i = 0; i < seg.q_lens.size(); ++i) {
       s.lengths.q.push_back(seg.q_lens[i]);
       s.lengths.kv.push_back(seg.kv_lens[i]);
@@ -211,9 +212,11 @@ AttentionShape shape_of(const PagedAttentionInputs<T>& in) {
                   kv.block_table.shape());
   detail::require(kv.kv_lens.rank() == 1, kWho, "kv_lens must have rank 1 ([batch]), got shape ", kv.kv_lens.shape());
   detail::require(!in.q.shape().any_negative() && !kv.k_pages.shape().any_negative() &&
-                      !kv.v_pages.shape().any_negative() && !kv.block_table.shape().any_negative(),
+                      !kv.v_pages.shape().any_negative() && !kv.block_table.shape().any_negative() &&
+                      !kv.kv_lens.shape().any_negative() && !in.cu_seqlens_q.shape().any_negative(),
                   kWho, "extents must be non-negative, got q ", in.q.shape(), ", k_pages ", kv.k_pages.shape(),
-                  ", v_pages ", kv.v_pages.shape(), ", block_table ", kv.block_table.shape());
+                  ", v_pages ", kv.v_pages.shape(), ", block_table ", kv.block_table.shape(), ", kv_lens ",
+                  kv.kv_lens.shape(), ", cu_seqlens_q ", in.cu_seqlens_q.shape());
   detail::require(in.q.data() != nullptr || in.q.size() == 0, kWho, "q has no data");
   detail::require(kv.k_pages.data() != nullptr || kv.k_pages.size() == 0, kWho, "k_pages has no data");
   detail::require(kv.v_pages.data() != nullptr || kv.v_pages.size() == 0, kWho, "v_pages has no data");
@@ -249,6 +252,8 @@ AttentionShape shape_of(const PagedAttentionInputs<T>& in) {
     detail::require(in.cu_seqlens_q.rank() == 1 && in.cu_seqlens_q.extent(0) == batch + 1, kWho,
                     "cu_seqlens_q must have shape (", batch + 1, ") for block_table ", kv.block_table.shape(), ", got ",
                     in.cu_seqlens_q.shape());
+    detail::require(in.cu_seqlens_q.data() != nullptr, kWho, "cu_seqlens_q has no data (shape ",
+                    in.cu_seqlens_q.shape(), ")");
   } else {
     detail::require(in.q.extent(0) == batch, kWho, "q has shape ", in.q.shape(), " but block_table has shape ",
                     kv.block_table.shape(), " (the batch sizes differ)");
@@ -259,7 +264,9 @@ AttentionShape shape_of(const PagedAttentionInputs<T>& in) {
   for (index_t b = 0; b < batch; ++b) {
     const index_t kv_len = kv.kv_lens.data()[b * kv.kv_lens.stride(0)];
     detail::require(kv_len >= 0, kWho, "kv_lens[", b, "] = ", kv_len, " is negative");
-    const index_t pages = (kv_len + page_size - 1) / page_size;
+    // Rounded up without kv_len + page_size - 1, which wraps for a page size
+    // near INT64_MAX (and would then skip the table check below).
+    const index_t pages = detail::ceil_div_nonneg(kv_len, page_size);
     detail::require(pages <= max_pages, kWho, "kv_lens[", b, "] = ", kv_len, " needs ", pages, " pages of ", page_size,
                     " tokens but block_table has shape ", kv.block_table.shape(), " (", max_pages,
                     " pages per sequence)");

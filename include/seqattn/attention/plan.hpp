@@ -102,6 +102,9 @@ template <class Backend>
 void check_plan_request(const AttentionShape& shape, const PlanOptions& options, int workers) {
   constexpr const char* kWho = "plan_attention: ";
   require(workers >= 1, kWho, "workers must be at least 1, got ", workers);
+  // The task arithmetic (tasks per worker) is sized for at most this many.
+  require(workers <= limits::kMaxThreads, kWho, "workers must be at most ", limits::kMaxThreads,
+          " (limits::kMaxThreads), got ", workers);
   require(options.kv_splits >= 0, kWho, "kv_splits must be >= 0 (0 = automatic), got ", options.kv_splits);
   require(options.kv_splits <= limits::kMaxKvSplits, kWho, "kv_splits must be at most ", limits::kMaxKvSplits,
           " (limits::kMaxKvSplits), got ", options.kv_splits);
@@ -130,6 +133,15 @@ void require_matching_block_mask(const BlockMask& bm, const AttentionShape& shap
   }
   require(bm.heads() == 1 || bm.heads() == shape.heads, kWho, "has ", bm.heads(), " heads but the inputs have ",
           shape.heads);
+  // One stored head serves every head only when the description did not
+  // depend on the head: a head-dependent one built for 1 head has head 0's
+  // tiles, and its predicate was checked for 1 head (a PerHeadMask of one
+  // mask would be read past its end). Rebuilding for the inputs' heads is
+  // what the caller means; a silent broadcast would be wrong.
+  require(bm.heads() != 1 || bm.description_heads() == 0 || bm.description_heads() == shape.heads, kWho,
+          "was built for ", bm.description_heads(), bm.description_heads() == 1 ? " head" : " heads",
+          " from a mask description that depends on the head, but the inputs have ", shape.heads,
+          " heads: build it with build_block_mask(mask, lengths, ", shape.heads, ", ...)");
 }
 
 }  // namespace detail

@@ -146,6 +146,16 @@ void check_variant(const V& v, const AttentionShape& shape) {
   if constexpr (HasVariantCheck<V>) v.check(shape);
   detail::require(std::isfinite(variant_scale(v, shape.dk)), "attention: scale must be finite, got ",
                   variant_scale(v, shape.dk));
+  // Like scale and softcap: a NaN or infinite sink would turn every row of
+  // its head into NaN or zero. Every variant's sinks, Sinks' or a custom one's.
+  if constexpr (HasSinkHook<V>) {
+    if (variant_has_sink(v)) {
+      for (index_t h = 0; h < shape.heads; ++h) {
+        const float sink = v.sink(h);
+        detail::require(std::isfinite(sink), "attention: the sink logit of head ", h, " must be finite, got ", sink);
+      }
+    }
+  }
 }
 
 // Element form over a tile, for variants without a tile hook.

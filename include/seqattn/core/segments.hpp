@@ -7,8 +7,11 @@
 // between and after segments.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
+#include <tuple>
+#include <vector>
 
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/tensor.hpp"
@@ -48,6 +51,51 @@ struct SegmentTable {
       if (kv_lens[i] < 0 || kv_begin < 0 || kv_end > kv_tokens) {
         detail::throw_invalid("SegmentTable: segment ", i, " covers key/value tokens [", kv_begin, ", ", kv_end,
                               ") outside [0, ", kv_tokens, ")");
+      }
+    }
+  }
+
+  // Throws unless no query token belongs to two segments: each segment's
+  // output rows are written by that segment alone. Key ranges may be shared
+  // (segments that read one prefix) in the forward pass.
+  void require_disjoint_queries(const char* who) const { require_disjoint_ranges(q_offsets, q_lens, who, "query"); }
+  // Throws unless no key token belongs to two segments: the backward pass
+  // writes each segment's dK and dV rows from that segment's queries alone.
+  void require_disjoint_keys(const char* who) const { require_disjoint_ranges(kv_offsets, kv_lens, who, "key/value"); }
+
+ private:
+  // Empty segments cover nothing. Ascending offsets (the usual packing) are
+  // checked in one pass; any other order is sorted first.
+  static void require_disjoint_ranges(std::span<const std::int32_t> offsets, std::span<const std::int32_t> lens,
+                                      const char* who, const char* tokens) {
+    auto fail = [&](std::size_t a, std::size_t b) {
+      detail::throw_invalid(who, ": segments ", a, " and ", b, " share ", tokens, " tokens ([", offsets[a], ", ",
+                            index_t{offsets[a]} + lens[a], ") and [", offsets[b], ", ", index_t{offsets[b]} + lens[b],
+                            ")); every ", tokens, " token must belong to at most one segment here");
+    };
+    std::size_t last = lens.size();  // the previous non-empty segment
+    bool ascending = true;
+    for (std::size_t i = 0; i < lens.size() && ascending; ++i) {
+      if (lens[i] == 0) continue;
+      if (last != lens.size()) {
+        if (offsets[i] < offsets[last]) {
+          ascending = false;
+          break;
+        }
+        if (offsets[i] < index_t{offsets[last]} + lens[last]) fail(last, i);
+      }
+      last = i;
+    }
+    if (ascending) return;
+    std::vector<std::tuple<index_t, index_t, std::size_t>> ranges;  // begin, end, segment
+    for (std::size_t i = 0; i < lens.size(); ++i) {
+      if (lens[i] != 0) ranges.emplace_back(offsets[i], index_t{offsets[i]} + lens[i], i);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (std::size_t r = 1; r < ranges.size(); ++r) {
+      if (std::get<0>(ranges[r]) < std::get<1>(ranges[r - 1])) {
+        fail(std::min(std::get<2>(ranges[r - 1]), std::get<2>(ranges[r])),
+             std::max(std::get<2>(ranges[r - 1]), std::get<2>(ranges[r])));
       }
     }
   }

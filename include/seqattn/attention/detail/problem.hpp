@@ -22,6 +22,7 @@
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
+#include "seqattn/core/overlap.hpp"
 #include "seqattn/core/tensor.hpp"
 
 namespace seqattn::detail {
@@ -104,10 +105,11 @@ inline Extents make_extents(std::initializer_list<index_t> dims) {
   return e;
 }
 
-// `shape` must be shape_of(in): the inputs are already validated.
+// The geometry alone; make_attention_problem and make_backward_problem add
+// the memory checks of their own outputs.
 template <class T>
-AttentionProblem<T> make_attention_problem(const AttentionInputs<T>& in, const AttentionShape& shape, TensorView<T> out,
-                                           TensorView<float> lse, const char* who = "attention_forward") {
+AttentionProblem<T> attention_geometry(const AttentionInputs<T>& in, const AttentionShape& shape, TensorView<T> out,
+                                       TensorView<float> lse, const char* who) {
   const std::string out_name = concat(who, ": out"), lse_name = concat(who, ": lse");
   const bool packed = shape.layout == Layout::thd;
   const int rank = packed ? 3 : 4;
@@ -174,6 +176,16 @@ AttentionProblem<T> make_attention_problem(const AttentionInputs<T>& in, const A
   return p;
 }
 
+// `shape` must be shape_of(in): the inputs are already validated.
+template <class T>
+AttentionProblem<T> make_attention_problem(const AttentionInputs<T>& in, const AttentionShape& shape, TensorView<T> out,
+                                           TensorView<float> lse, const char* who = "attention_forward") {
+  AttentionProblem<T> p = attention_geometry(in, shape, out, lse, who);
+  require_disjoint(who, {footprint("out", out), footprint("lse", lse)},
+                   {footprint("q", in.q), footprint("k", in.k), footprint("v", in.v)});
+  return p;
+}
+
 // One more [tokens, heads, dim] tensor of a call (out, dout, dq, dk, dv in the
 // backward pass), addressed per sequence like q, k and v above.
 template <class P>
@@ -196,6 +208,7 @@ SequenceTensor<P> sequence_tensor(TensorView<P> view, const AttentionInputs<T>& 
   Extents expected = like.shape();
   expected[expected.rank() - 1] = dim;
   require_shape(view, expected, name);
+  require(view.data() != nullptr || view.size() == 0, name, " has no data");
   const int rank = like.rank();
   SequenceTensor<P> t;
   t.data = view.data();
@@ -227,11 +240,12 @@ BackwardProblem<T> make_backward_problem(const AttentionInputs<T>& in, const Att
                                          TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
                                          std::span<float> dsinks) {
   require(lse.data() != nullptr, "attention_backward: lse is required (the log-sum-exp the forward pass returned)");
+  if (in.segments) in.segments->require_disjoint_keys("attention_backward");
   BackwardProblem<T> bp;
   // The forward geometry validates out and lse; out is only read here.
-  bp.fwd = make_attention_problem(in, shape, TensorView<T>(const_cast<T*>(out.data()), out.shape(), out.strides()),
-                                  TensorView<float>(const_cast<float*>(lse.data()), lse.shape(), lse.strides()),
-                                  "attention_backward");
+  bp.fwd = attention_geometry(in, shape, TensorView<T>(const_cast<T*>(out.data()), out.shape(), out.strides()),
+                              TensorView<float>(const_cast<float*>(lse.data()), lse.shape(), lse.strides()),
+                              "attention_backward");
   bp.dout = sequence_tensor(dout, in, shape, false, shape.dv, "attention_backward: dout");
   bp.dq = sequence_tensor(dq, in, shape, false, shape.dk, "attention_backward: dq");
   bp.dk = sequence_tensor(dk, in, shape, true, shape.dk, "attention_backward: dk");
@@ -239,6 +253,12 @@ BackwardProblem<T> make_backward_problem(const AttentionInputs<T>& in, const Att
   require(dsinks.empty() || static_cast<index_t>(dsinks.size()) == shape.heads,
           "attention_backward: dsinks must hold one value per query head (", shape.heads, "), got ", dsinks.size());
   bp.dsinks = dsinks;
+  // The kernels read q, k, v, out, lse and dout while they write dq, dk, dv
+  // and dsinks (dk of a key block before dq of its queries is final).
+  require_disjoint("attention_backward",
+                   {footprint("dq", dq), footprint("dk", dk), footprint("dv", dv), footprint("dsinks", dsinks)},
+                   {footprint("q", in.q), footprint("k", in.k), footprint("v", in.v), footprint("out", out),
+                    footprint("lse", lse), footprint("dout", dout)});
   return bp;
 }
 
@@ -299,6 +319,10 @@ AttentionProblem<T> make_paged_problem(const PagedAttentionInputs<T>& in, const 
     }
     p.sequences.push_back(g);
   }
+  // The block table is read while out is written.
+  require_disjoint(who, {footprint("out", out), footprint("lse", lse)},
+                   {footprint("q", in.q), footprint("k_pages", kv.k_pages), footprint("v_pages", kv.v_pages),
+                    footprint("block_table", kv.block_table)});
   return p;
 }
 

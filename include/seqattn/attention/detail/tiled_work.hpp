@@ -127,10 +127,13 @@ void collect_units(const AttentionShape& shape, const BlockMask& bm, TiledWork& 
 inline index_t choose_kv_splits(const std::vector<WorkUnit>& units, index_t requested, int workers) {
   if (requested > 0) return requested;
   const auto n_units = static_cast<index_t>(units.size());
-  if (workers <= 1 || n_units == 0 || n_units >= 4 * workers) return 1;
+  // plan_attention bounds workers by limits::kMaxThreads; 64-bit here as well,
+  // so that 4 tasks per worker cannot wrap for any int.
+  const index_t wanted_tasks = 4 * index_t{workers};
+  if (workers <= 1 || n_units == 0 || n_units >= wanted_tasks) return 1;
   index_t max_tiles = 0;
   for (const auto& u : units) max_tiles = std::max(max_tiles, u.num_tiles());
-  return std::clamp<index_t>((4 * workers + n_units - 1) / n_units, 1, std::max<index_t>(1, max_tiles / 2));
+  return std::clamp<index_t>((wanted_tasks + n_units - 1) / n_units, 1, std::max<index_t>(1, max_tiles / 2));
 }
 
 // Longest tasks first: with dynamic claiming this balances causal rows.

@@ -17,11 +17,14 @@ and positions are traced arrays ``[..., S]`` (int32; 0 = padding); wider
 integer arrays are range-checked, then converted, when they are concrete
 (NumPy, or JAX arrays outside jit), and refused when traced.
 
-Shapes, head ratios, scale, softcap, threads and a mask without segment ids
-are checked while tracing, with the engine's checks: errors are ValueErrors
-with its message. What depends on the values (malformed segment ids) can
-only be found while running and surfaces as the XLA runtime error raised by
-JAX, with seqattn's message.
+Shapes, head ratios, scale, softcap, threads, the segment ids' shapes and
+the mask against the lengths and heads are checked while tracing, with the
+engine's checks: errors are ValueErrors with its message, and so are those of
+segment ids known while tracing (NumPy arrays, JAX arrays outside jit).
+Malformed traced ids can only be found while running and surface as the XLA
+runtime error raised by JAX, with seqattn's message; so does a mask holding a
+batch of its own that is a multiple of the traced batch but not the batch
+that runs (vmap folds its dims into the batch, which tracing may not see).
 """
 
 import functools
@@ -192,7 +195,16 @@ def attention(q, k, v, mask=None, *, segment_ids=None, positions=None, kv_segmen
     threads = check_threads(threads)
     mask_id = _mask_id(mask)
     # The engine's own checks, now rather than as a runtime error of the compiled call.
-    _core._check_attention(q.shape, k.shape, v.shape, mask, segment_ids is not None, scale, softcap, threads)
+    _core._check_attention(
+        q.shape, k.shape, v.shape, mask, segment_ids is not None, scale, softcap, threads,
+        kv_segment_ids=kv_segment_ids is not None, positions=positions is not None,
+        kv_positions=kv_positions is not None,
+    )
+    given = {"segment_ids": segment_ids, "kv_segment_ids": kv_segment_ids, "positions": positions,
+             "kv_positions": kv_positions}
+    if segment_ids is not None and not any(isinstance(x, jax.core.Tracer) for x in given.values()):
+        # Ids known now are checked now: only traced ones can fail while running.
+        _core._check_segment_ids(*(None if x is None else as_int32(x, name) for name, x in given.items()))
     out, lse = _attention(q, k, v, ids, mask_id, scale, softcap, threads)
     if return_lse:
         return out, jax.lax.stop_gradient(lse)

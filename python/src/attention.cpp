@@ -16,6 +16,8 @@
 #include <tuple>
 #include <vector>
 
+#include "seqattn/masks/document.hpp"
+
 #include "bindings.hpp"
 #include "internal.hpp"
 
@@ -214,14 +216,50 @@ Extents folded_bshd(const std::vector<index_t>& dims, const char* name) {
   return e;
 }
 
+// The segment-id operands a seqattn.jax call passes (their shapes are the
+// call's: [..., S] of q or of k, checked in Python).
+struct IdOperands {
+  bool segment_ids = false, kv_segment_ids = false, positions = false, kv_positions = false;
+};
+
+// The mask the XLA handler runs (jax_ffi.cpp's call_mask: a document mask
+// around the mask when segment ids are given, with the key side defaulting to
+// the query side), checked for `batch` sequences of the call's lengths. Probe
+// ids stand in for the traced ones: the checks that fail here depend on the
+// shapes only, and all-padding ids pass every check of the values.
+void check_handler_mask(const AnyMask& mask, const IdOperands& ids, index_t batch, index_t q_len, index_t kv_len,
+                        index_t heads) {
+  const RaggedLengths lengths = RaggedLengths::uniform(batch, q_len, kv_len);
+  if (!ids.segment_ids) {
+    detail::check_mask(mask, lengths, heads);
+    return;
+  }
+  static const std::int32_t padding = 0;
+  const auto probe = [](index_t rows, index_t tokens) {
+    return TensorView<const std::int32_t>(&padding, Extents{rows, tokens}, Strides{0, 0});
+  };
+  const auto q_ids = probe(batch, q_len);
+  const auto kv_ids = ids.kv_segment_ids ? probe(batch, kv_len) : q_ids;
+  const auto q_pos = ids.positions ? probe(batch, q_len) : TensorView<const std::int32_t>{};
+  const auto kv_pos = ids.kv_positions ? probe(batch, kv_len) : q_pos;
+  const DocumentLayout layout = DocumentLayout::from_segment_ids(q_ids, kv_ids, q_pos, kv_pos);
+  detail::check_mask(AnyMask(document_mask(layout, mask)), lengths, heads);
+}
+
 // Everything the engine checks that does not depend on the values: the
-// shapes, the head ratio, scale / softcap / threads and, without segment ids,
-// the mask against the lengths and heads (for the mask's own batch: under
-// vmap the batch the handler sees is not the traced one). seqattn.jax calls
-// it while tracing, so that these errors are ValueErrors with the engine's
-// message rather than XLA runtime errors.
+// shapes, the head ratio, scale / softcap / threads, the segment ids' shapes
+// and the mask against the lengths and heads. seqattn.jax calls it while
+// tracing, so that these errors are ValueErrors with the engine's message
+// rather than XLA runtime errors.
+//
+// Under vmap the handler sees the vmapped dims folded into the batch, and
+// vmap(jit(f)) traces f without them: the batch here may be a divisor of the
+// one that runs. A mask with a batch of its own that is a multiple of the
+// traced batch is therefore checked for its own batch (lengths and heads
+// still exactly); one that is not a multiple fits no vmap and is refused.
 void check_attention_call(const std::vector<index_t>& q, const std::vector<index_t>& k, const std::vector<index_t>& v,
-                          nb::handle mask, bool segment_ids, float scale, float softcap, std::int64_t threads) {
+                          nb::handle mask, bool segment_ids, float scale, float softcap, std::int64_t threads,
+                          bool kv_segment_ids, bool positions, bool kv_positions) {
   static const float probe = 0.0f;  // shape_of looks at shapes only; non-null says "has data"
   const auto view = [](const Extents& e) {
     Strides zero;
@@ -232,14 +270,42 @@ void check_attention_call(const std::vector<index_t>& q, const std::vector<index
   const AttentionShape shape = shape_of(AttentionInputs<float>{view(qe), view(ke), view(ve), nullptr});
   resolve_threads(threads);
   detail::check_variant(variants::Standard{scale, {softcap}, {}}, shape);
-  if (segment_ids || mask.is_none()) return;
-  PyMask* m = nullptr;
-  if (!nb::try_cast<PyMask*>(mask, m) || m == nullptr) {
-    mask_from_python(mask, "seqattn.jax mask");  // throws, naming the type
-    return;
+  const PyMask* m = nullptr;
+  if (!mask.is_none()) {
+    PyMask* cast = nullptr;
+    if (!nb::try_cast<PyMask*>(mask, cast) || cast == nullptr) {
+      mask_from_python(mask, "seqattn.jax mask");  // throws, naming the type
+      return;
+    }
+    m = cast;
   }
-  const index_t batch = m->lengths ? m->lengths->batch() : m->batch.value_or(1);
-  detail::check_mask(m->mask, RaggedLengths::uniform(batch, qe[1], ke[1]), shape.heads);
+  const AnyMask any = m ? m->mask : AnyMask();
+  const IdOperands ids{segment_ids, kv_segment_ids, positions, kv_positions};
+  const index_t traced_batch = qe[0];
+  try {
+    check_handler_mask(any, ids, traced_batch, qe[1], ke[1], shape.heads);
+  } catch (const invalid_argument&) {
+    const std::optional<index_t> own = !m ? std::nullopt : m->lengths ? m->lengths->batch() : m->batch;
+    const bool vmap_can_fit = own && traced_batch > 0 && *own > traced_batch && *own % traced_batch == 0;
+    if (!vmap_can_fit) throw;
+    check_handler_mask(any, ids, *own, qe[1], ke[1], shape.heads);
+  }
+}
+
+// The values of segment ids known while tracing, checked as the XLA handler
+// will read them (jax_ffi.cpp's call_mask: the key side defaults to the
+// query side), so that malformed ones are ValueErrors rather than errors of
+// the compiled call.
+void check_segment_ids_call(const CpuArray<std::int32_t>& segment_ids,
+                            const std::optional<CpuArray<std::int32_t>>& kv_segment_ids,
+                            const std::optional<CpuArray<std::int32_t>>& positions,
+                            const std::optional<CpuArray<std::int32_t>>& kv_positions) {
+  const auto q_ids = view_of(segment_ids, "segment_ids");
+  const auto kv_ids = kv_segment_ids ? view_of(*kv_segment_ids, "kv_segment_ids") : q_ids;
+  const auto q_pos = positions ? view_of(*positions, "positions") : TensorView<const std::int32_t>{};
+  const auto kv_pos = kv_positions ? view_of(*kv_positions, "kv_positions") : q_pos;
+  nb::gil_scoped_release release;
+  (void)DocumentLayout::from_segment_ids(q_ids, kv_ids, q_pos, kv_pos);
 }
 
 }  // namespace
@@ -285,7 +351,11 @@ void bind_attention(nb::module_& m) {
   def_attention<std::uint16_t>(m, "bf16");
   m.def("_check_attention", &check_attention_call, nb::arg("q_shape"), nb::arg("k_shape"), nb::arg("v_shape"),
         nb::arg("mask").none(), nb::arg("segment_ids"), nb::arg("scale"), nb::arg("softcap"), nb::arg("threads"),
+        nb::arg("kv_segment_ids") = false, nb::arg("positions") = false, nb::arg("kv_positions") = false,
         "The engine's checks that need no data (shapes, heads, options, the mask), for seqattn.jax at trace time.");
+  m.def("_check_segment_ids", &check_segment_ids_call, nb::arg("segment_ids"), nb::arg("kv_segment_ids").none(),
+        nb::arg("positions").none(), nb::arg("kv_positions").none(),
+        "The engine's checks of concrete segment ids and positions (int32 [..., S]), for seqattn.jax.");
 }
 
 }  // namespace seqattn::python

@@ -87,8 +87,8 @@ PyMask make(AnyMask mask, std::string repr, std::string kind, std::optional<Ragg
 
 // The lengths a representation is built for: explicit ones first, then the
 // mask's own (document, top-k, dense and multi-item masks know theirs).
-RaggedLengths resolve_lengths(const PyMask& m, OptIndex q_len, OptIndex kv_len, OptIndex batch,
-                              const LengthLists& lengths, const char* who) {
+RaggedLengths given_lengths(const PyMask& m, OptIndex q_len, OptIndex kv_len, OptIndex batch,
+                            const LengthLists& lengths, const char* who) {
   if (lengths) {
     detail::require(!q_len && !kv_len && !batch, who, ": give either lengths or q_len/kv_len/batch, not both");
     detail::require(lengths->first.size() == lengths->second.size(), who, ": lengths has ", lengths->first.size(),
@@ -106,6 +106,15 @@ RaggedLengths resolve_lengths(const PyMask& m, OptIndex q_len, OptIndex kv_len, 
     return *m.lengths;
   }
   detail::throw_invalid(who, ": ", m.repr, " has no lengths of its own; pass q_len (and kv_len, batch) or lengths");
+}
+
+// Checked here as well as by the C++ representations: before the sizes
+// derived from the lengths, so that the error names the length.
+RaggedLengths resolve_lengths(const PyMask& m, OptIndex q_len, OptIndex kv_len, OptIndex batch,
+                              const LengthLists& lengths, const char* who) {
+  RaggedLengths l = given_lengths(m, q_len, kv_len, batch, lengths, who);
+  detail::check_representation_lengths(l, who);
+  return l;
 }
 
 index_t resolve_heads(const PyMask& m, OptIndex heads) { return heads ? *heads : m.heads.value_or(1); }

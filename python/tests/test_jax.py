@@ -153,3 +153,66 @@ def test_engine_errors_under_jit_are_value_errors_at_trace_time(rng, case, messa
     fn = jax.jit(lambda q, k: sj.attention(q, k, k, mask, **kw))
     with pytest.raises(ValueError, match=message):
         fn(q, k)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        # kv_segment_ids default to segment_ids: keys longer than the queries cannot have them.
+        ("kv_ids_default", r"DocumentMask: sequence 0 has lengths \(4, 6\) but the segment ids have T_q=4, T_kv=4"),
+        # kv_positions default to positions: the same, for the positions.
+        ("kv_positions_default", r"DocumentLayout: kv_segment_pos trailing shape must match kv_segment_ids"),
+        # The mask inside the document mask is checked against the lengths too.
+        ("inner_mask", r"DenseMask: sequence 0 has lengths \(4, 6\) but values have shape \(3, 3\)"),
+        # A mask of 3 sequences for a batch of 2: no vmap can make the batches agree.
+        ("mask_batch", r"DocumentMask: the layout has 3 rows .* but the batch has 2"),
+    ],
+)
+def test_segment_and_mask_mismatches_are_value_errors_at_trace_time(rng, case, message):
+    batch = 2 if case == "mask_batch" else 1
+    q, k = randn(rng, batch, 4, 1, 8), randn(rng, batch, 6, 1, 8)
+    ids, kv_ids = np.ones((batch, 4), np.int32), np.ones((batch, 6), np.int32)
+    mask, kw = None, {"segment_ids": ids}
+    if case == "kv_positions_default":
+        kw.update(kv_segment_ids=kv_ids, positions=np.arange(4, dtype=np.int32)[None])
+    elif case == "inner_mask":
+        mask = seqattn.DenseMask(np.ones((3, 3), bool))
+        kw["kv_segment_ids"] = kv_ids
+    elif case == "mask_batch":
+        mask = seqattn.DocumentMask(np.ones((3, 4), np.int32), kv_segment_ids=np.ones((3, 6), np.int32))
+        kw = {}
+    fn = jax.jit(lambda q, k: sj.attention(q, k, k, mask, **kw))
+    with pytest.raises(ValueError, match=message):
+        fn(q, k)
+    with pytest.raises(ValueError, match=message):  # and without jit
+        sj.attention(q, k, k, mask, **kw)
+
+
+def test_masks_with_their_own_batch_under_vmap_are_not_refused_while_tracing(rng):
+    # Under vmap the engine sees the vmapped dims folded into the batch: a mask
+    # of 2 sequences fits a traced batch of 1 vmapped twice.
+    q = randn(rng, 2, 1, 4, 1, 8)
+    ids = np.array([[1, 1, 2, 2], [1, 1, 1, 1]], np.int32)
+    doc = seqattn.DocumentMask(ids)
+    prefix = seqattn.PrefixLMMask(np.array([1, 3], np.int32))
+    for mask, kw in [(doc, {}), (prefix, {"segment_ids": np.ones((1, 4), np.int32)}), (prefix, {})]:
+        got = jax.jit(jax.vmap(lambda q: sj.attention(q, q, q, mask, **kw)))(q)
+        allowed = mask.to_dense() if mask is doc else mask.to_dense(4, 4, batch=2)
+        for i in range(2):
+            np.testing.assert_allclose(got[i], reference(q[i], q[i], q[i], allowed[i:i + 1]), atol=2e-5)
+
+
+def test_malformed_concrete_segment_ids_are_value_errors(rng):
+    # Ids known while tracing (NumPy arrays, or JAX arrays outside jit) are
+    # checked then; only traced ids reach the engine unchecked.
+    q = randn(rng, 1, 5, 1, 8)
+    ids = np.array([[1, 2, 2, 1, 3]], np.int32)
+    with pytest.raises(ValueError, match=r"q_segment_ids row 0 of shape \(1, 5\): segment 1 is not one contiguous run"):
+        sj.attention(q, q, q, segment_ids=ids)
+    with pytest.raises(ValueError, match=r"segment 1 is not one contiguous run"):
+        jax.jit(lambda q: sj.attention(q, q, q, segment_ids=ids))(q)
+    with pytest.raises(ValueError, match=r"kv_segment_pos\[0, 0\] = -4 is negative"):
+        sj.attention(q, q, q, segment_ids=np.ones((1, 5), np.int32), kv_segment_ids=np.ones((1, 5), np.int32),
+                     kv_positions=np.array([[-4, -3, -2, -1, 0]], np.int32))
+    with pytest.raises(Exception, match="is not one contiguous run"):
+        jax.block_until_ready(jax.jit(lambda q, i: sj.attention(q, q, q, segment_ids=i))(q, ids))

@@ -106,3 +106,32 @@ def test_broadcast_descriptor_ids_that_cannot_be_copied(small_address_space):
     ids, pos = huge((2**20, 2**20), np.int32), huge((2**20, 2**20), np.int32)
     with pytest.raises(MemoryError, match=f"from_segment_ids_and_pos: copies of segment_ids .* {8 * TIB} bytes"):
         seqattn.SequenceDescriptor.from_segment_ids_and_pos(ids, pos)
+
+
+# ---- Lengths with an empty result (Python fuzz finding): at once, or a ValueError naming the length -----------
+
+EMPTY_RESULT_CALLS = """
+import numpy as np, seqattn
+bits, indptr = seqattn.pack_bits(seqattn.FullMask(), 2**40, 0, batch=2)
+assert bits.size == 0 and indptr.tolist() == [0, 0, 0], (bits, indptr)
+assert seqattn.to_dense(seqattn.FullMask(), 0, 2**40).shape == (1, 1, 0, 2**40)
+for call, name, value in [("pack_bits(seqattn.FullMask(), 2**63 - 1, 0)", "q_len", 2**63 - 1),
+                          ("pack_bits(seqattn.CausalMask(), 2**62, 0)", "q_len", 2**62),
+                          ("pack_bits(seqattn.FullMask(), 0, 2**63 - 1)", "kv_len", 2**63 - 1),
+                          ("to_dense(seqattn.FullMask(), 0, 2**62)", "kv_len", 2**62),
+                          ("to_additive(seqattn.FullMask(), 2**41, 0)", "q_len", 2**41)]:
+    try:
+        eval("seqattn." + call)
+    except ValueError as e:
+        assert f"{name} of sequence 0 is {value}" in str(e) and "kMaxTensorElements" in str(e), (call, e)
+    else:
+        raise AssertionError(call + " did not raise")
+"""
+
+
+def test_huge_lengths_with_an_empty_result_return_at_once_or_name_the_length():
+    # In a child process: before the fix pack_bits looped over 2^63 rows of nothing.
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", EMPTY_RESULT_CALLS], check=True, timeout=60)

@@ -324,10 +324,26 @@ struct DocumentMask {
                       lengths.kv[static_cast<std::size_t>(b)], ") but the segment ids have T_q=", layout.q_tokens,
                       ", T_kv=", layout.kv_tokens);
     }
-    if constexpr (HasCheck<Inner>) inner.check(lengths, heads);
+    if constexpr (HasCheck<Inner>) inner.check(inner_lengths(lengths), heads);
   }
 
  private:
+  // The lengths the inner mask is checked for: the batch's, or larger where
+  // positions take a segment's local coordinates past them (a chunk of a long
+  // sequence at positions 1000..1005 of 6 tokens). The inner mask is asked
+  // about local coordinates up to pos_begin + run length, so a mask that reads
+  // stored data must cover them; a structural one accepts any lengths.
+  RaggedLengths inner_lengths(const RaggedLengths& lengths) const {
+    RaggedLengths inner_lens = lengths;
+    for (index_t b = 0; b < lengths.batch(); ++b) {
+      auto& q = inner_lens.q[static_cast<std::size_t>(b)];
+      auto& kv = inner_lens.kv[static_cast<std::size_t>(b)];
+      for (const SegmentRun& r : layout.q_row(b)) q = std::max<index_t>(q, index_t{r.pos_begin} + (r.end - r.begin));
+      for (const SegmentRun& r : layout.kv_row(b)) kv = std::max<index_t>(kv, index_t{r.pos_begin} + (r.end - r.begin));
+    }
+    return inner_lens;
+  }
+
   static const SegmentRun* first_run(std::span<const SegmentRun> runs, index_t q) {
     return std::partition_point(runs.data(), runs.data() + runs.size(),
                                 [q](const SegmentRun& r) { return r.end <= q; });

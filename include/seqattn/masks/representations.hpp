@@ -39,18 +39,39 @@ inline index_t max_of(const std::vector<index_t>& v) {
   for (index_t x : v) m = std::max(m, x);
   return m;
 }
+
+// No sequence is longer than a tensor may be (limits::kMaxTensorElements).
+// Checked first: a result can be empty for a huge length (no keys), and
+// sizing row scratch or walking rows by such a length would not end.
+inline void check_representation_lengths(const RaggedLengths& lengths, const char* who) {
+  const auto check = [&](const std::vector<index_t>& side, const char* name) {
+    for (std::size_t b = 0; b < side.size(); ++b) {
+      detail::require(side[b] <= limits::kMaxTensorElements, who, ": ", name, " of sequence ", b, " is ", side[b],
+                      ", more than the limit of ", limits::kMaxTensorElements, " (limits::kMaxTensorElements)");
+    }
+  };
+  check(lengths.q, "q_len");
+  check(lengths.kv, "kv_len");
+}
+
+inline bool empty_sequence(const RaggedLengths& lengths, index_t b) {
+  const auto u = static_cast<std::size_t>(b);
+  return lengths.q[u] == 0 || lengths.kv[u] == 0;
+}
 }  // namespace detail
 
 template <MaskDescription M>
 Tensor<std::uint8_t> to_dense(const M& mask, const RaggedLengths& lengths, index_t heads = 1) {
+  detail::check_representation_lengths(lengths, "to_dense");
   detail::check_mask(mask, lengths, heads);
   const index_t qm = detail::max_of(lengths.q), km = detail::max_of(lengths.kv);
   Tensor<std::uint8_t> out(Extents{lengths.batch(), heads, qm, km}, 0);
+  if (out.size() == 0) return out;
   std::vector<std::uint64_t> words(static_cast<std::size_t>((km + 63) / 64));
   for (index_t b = 0; b < lengths.batch(); ++b) {
+    if (detail::empty_sequence(lengths, b)) continue;
     for (index_t h = 0; h < heads; ++h) {
       const MaskContext ctx{b, h, lengths.q[static_cast<std::size_t>(b)], lengths.kv[static_cast<std::size_t>(b)]};
-      if (ctx.kv_len == 0) continue;
       for (index_t q = 0; q < ctx.q_len; ++q) {
         std::fill(words.begin(), words.end(), 0);
         detail::fill_row_bits(mask, ctx, q, 0, ctx.kv_len, words.data());
@@ -76,10 +97,13 @@ Tensor<float> to_additive(const M& mask, const RaggedLengths& lengths, index_t h
 // (sequence, stored head); a head-invariant mask is packed once per sequence.
 template <MaskDescription M>
 PackedMask pack_bits(const M& mask, const RaggedLengths& lengths, index_t heads = 1) {
+  detail::check_representation_lengths(lengths, "pack_bits");
   detail::check_mask(mask, lengths, heads);
   PackedMask p;
   p.lengths = lengths;
   p.heads = is_head_invariant<M>() ? 1 : heads;
+  const index_t segments =
+      detail::checked_size("pack_bits: segments (batch x heads)", limits::kMaxTensorElements, lengths.batch(), p.heads);
   index_t total_bytes = 0;
   for (index_t b = 0; b < lengths.batch(); ++b) {
     const auto u = static_cast<std::size_t>(b);
@@ -90,8 +114,13 @@ PackedMask pack_bits(const M& mask, const RaggedLengths& lengths, index_t heads 
   detail::require(total_bytes <= limits::kMaxTensorElements, "pack_bits: ", total_bytes,
                   " bytes of bits exceed the limit of ", limits::kMaxTensorElements, " (limits::kMaxTensorElements)");
   p.bits.reserve(static_cast<std::size_t>(total_bytes));
+  p.indptr.reserve(static_cast<std::size_t>(segments) + 1);
   std::vector<std::uint64_t> words;
   for (index_t b = 0; b < lengths.batch(); ++b) {
+    if (detail::empty_sequence(lengths, b)) {
+      p.indptr.insert(p.indptr.end(), static_cast<std::size_t>(p.heads), static_cast<index_t>(p.bits.size()));
+      continue;
+    }
     for (index_t h = 0; h < p.heads; ++h) {
       const MaskContext ctx{b, h, lengths.q[static_cast<std::size_t>(b)], lengths.kv[static_cast<std::size_t>(b)]};
       const auto base = p.bits.size();

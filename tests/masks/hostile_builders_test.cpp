@@ -180,6 +180,50 @@ TEST_CASE("issue 21 #28: BlockMask::Builder checks tile bits against the block s
   }
 }
 
+TEST_CASE("issue 21 #28: BlockMask::Builder rejects tile bits past block_kv in a whole tile") {
+  // Found by fuzz/fuzz_export: a whole (4, 4) interior tile whose words also
+  // set bits 4..63 was accepted; allowed() read it as full, the flex export
+  // counted 64 bits a row and listed it as partial, Splash likewise.
+  {
+    auto b = builder_8x8();
+    b.add_partial(0, tile(~std::uint64_t{0}));
+    b.end_row();
+    b.end_row();
+    CHECK_THROWS_WITH(b.finish(), ContainsSubstring("outside the tile"));
+  }
+  {
+    // One stray bit just past the last column, in one row of a tile that is
+    // otherwise a valid partial tile.
+    auto b = builder_8x8();
+    b.end_row();
+    b.add_full(0);
+    b.add_partial(1, std::vector<std::uint64_t>{0b1, 0b11, 0b111 | (std::uint64_t{1} << 4), 0b1111});
+    b.end_row();
+    CHECK_THROWS_WITH(b.finish(), ContainsSubstring("outside the tile"));
+  }
+  {
+    // Two words a row (block_kv 70): the stray bit sits in the second word.
+    BlockMask::Builder b(RaggedLengths::uniform(1, 2, 70), 1, {2, 70});
+    const std::uint64_t low = ~std::uint64_t{0}, high = 0b111111;  // columns 0..69
+    b.add_partial(0, std::vector<std::uint64_t>{low, high | (std::uint64_t{1} << 6), low, 0});
+    b.end_row();
+    CHECK_THROWS_WITH(b.finish(), ContainsSubstring("outside the tile"));
+  }
+  {
+    // The same tiles without the stray bits are accepted, and an all-set
+    // whole tile exports as full for flex and Splash.
+    BlockMask::Builder b(RaggedLengths::uniform(1, 2, 70), 1, {2, 70});
+    b.add_partial(0, std::vector<std::uint64_t>{~std::uint64_t{0}, 0b111111, ~std::uint64_t{0}, 0b111111});
+    b.end_row();
+    const BlockMask bm = b.finish();
+    const FlexBlockMaskArrays f = to_flex_block_mask(bm, 1, 1);
+    CHECK(f.kv_num_blocks(0, 0, 0) == 0);
+    CHECK(f.full_kv_num_blocks(0, 0, 0) == 1);
+    const backends::SplashMaskInfo info = backends::Splash::mask_info(bm, 1);
+    CHECK(info.block_mask.values(0, 0, 0) == 2);
+  }
+}
+
 TEST_CASE("issue 21 #28: a valid hand-built BlockMask equals the built one and exports the same") {
   // Causal over (6, 6) in (4, 4) tiles: diagonal tiles partial, (1, 0) full.
   const RaggedLengths lengths = RaggedLengths::uniform(1, 6, 6);

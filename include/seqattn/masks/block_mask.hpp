@@ -329,7 +329,7 @@ struct BlockMask::Builder {
   // Checks the rows against the lengths before handing the mask out: kernels,
   // transposed() and the Splash / flex exports index each sequence's tile
   // grid with these block ids unchecked. O(rows + ranges + partial tiles),
-  // plus the words of the partial tiles on a short edge.
+  // plus a row's last word of each partial tile (every word on a short edge).
   BlockMask finish() {
     check_rows();
     return std::move(m);
@@ -404,21 +404,26 @@ struct BlockMask::Builder {
     }
   }
 
-  // A short edge tile's bits past its rows and columns must be clear: they
-  // would claim queries and keys the sequence does not have (an export reads
-  // them, and the builders store them clear).
+  // A tile's bits past its rows and columns must be clear: past a short edge
+  // tile they would claim queries and keys the sequence does not have, and
+  // past block_kv in a row's last word they make a whole all-set tile count
+  // as partial where allowed() calls it full (the exports popcount the words;
+  // the builders store them clear).
   template <class Row>
   void check_edge_bits(const Tile& t, std::span<const std::uint64_t> bits, std::int32_t kb, const Row& row) const {
-    if (t.rows() == m.block_.q && t.cols() == m.block_.kv) return;
+    if (t.rows() == m.block_.q && t.cols() == m.block_.kv && m.block_.kv % 64 == 0) return;
     const index_t words = m.words_per_row();
     for (index_t r = 0; r < m.block_.q; ++r) {
-      for (index_t w = 0; w < words; ++w) {
+      // Words wholly inside the tile's columns cannot hold a stray bit.
+      for (index_t w = r < t.rows() ? t.cols() / 64 : 0; w < words; ++w) {
         const index_t inside = r < t.rows() ? std::clamp<index_t>(t.cols() - w * 64, 0, 64) : 0;
         const std::uint64_t kept = inside == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << inside) - 1;
         if ((bits[static_cast<std::size_t>(r * words + w)] & ~kept) != 0) {
-          detail::throw_invalid("BlockMask::Builder::finish: the tile bits of partial kv-block ", kb, " of ", row(),
-                                " set bits outside the tile, which holds ", t.rows(), " x ", t.cols(), " of the (",
-                                m.block_.q, ", ", m.block_.kv, ") elements; bits past a short edge tile must be clear");
+          detail::throw_invalid(
+              "BlockMask::Builder::finish: the tile bits of partial kv-block ", kb, " of ", row(),
+              " set bits outside the tile, which holds ", t.rows(), " x ", t.cols(), " of the (", m.block_.q, ", ",
+              m.block_.kv,
+              ") elements; bits past its last row or column (or past block_kv in a row's last word) must be clear");
         }
       }
     }

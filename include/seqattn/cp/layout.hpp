@@ -47,6 +47,11 @@ namespace seqattn::cp {
 
 enum class Sharding : std::uint8_t { contiguous, dual_chunk_swap, striped };
 
+// The most ranks a ShardLayout splits over: far above any context-parallel
+// group, low enough that its per-rank bookkeeping (a token map per rank, a
+// few words per rank and sequence) stays within 64-bit sizes.
+inline constexpr int kMaxCpSize = 1 << 16;
+
 // Local tokens [local, local + len) of one sequence are global positions
 // [global, global + len).
 struct Run {
@@ -87,13 +92,17 @@ class ShardLayout {
     detail::require(batch >= 0 && seq_len >= 0, "ShardLayout::bshd: batch ", batch, " and seq_len ", seq_len,
                     " must be non-negative");
     detail::checked_size("ShardLayout::bshd: batch * seq_len", limits::kMaxTensorElements, batch, seq_len);
-    return ShardLayout(Layout::bshd, std::vector<index_t>(static_cast<std::size_t>(batch), seq_len), cp_size, sharding,
-                       stripe);
+    check_ranks(cp_size, batch);
+    auto lens =
+        detail::allocating("ShardLayout::bshd: sequence lengths", static_cast<std::size_t>(batch) * sizeof(index_t),
+                           [&] { return std::vector<index_t>(static_cast<std::size_t>(batch), seq_len); });
+    return ShardLayout(Layout::bshd, std::move(lens), cp_size, sharding, stripe);
   }
 
   // Packed segments of these lengths (e.g. the differences of cu_seqlens).
   static ShardLayout thd(std::span<const std::int32_t> seq_lens, int cp_size,
                          Sharding sharding = Sharding::dual_chunk_swap, int stripe = 1) {
+    check_ranks(cp_size, static_cast<index_t>(seq_lens.size()));
     std::vector<index_t> lens;
     index_t total = 0;
     for (std::size_t i = 0; i < seq_lens.size(); ++i) {
@@ -171,13 +180,41 @@ class ShardLayout {
   }
 
  private:
+  // Checked before anything is allocated: the bookkeeping grows with
+  // cp_size and with cp_size * sequences.
+  static void check_ranks(int cp_size, index_t sequences) {
+    detail::require(cp_size >= 1 && cp_size <= kMaxCpSize, "ShardLayout: cp_size must be >= 1 and at most ", kMaxCpSize,
+                    " (cp::kMaxCpSize), got ", cp_size);
+    detail::checked_size("ShardLayout: cp_size * sequences", limits::kMaxTensorElements, index_t{cp_size}, sequences);
+  }
+
   ShardLayout(Layout layout, std::vector<index_t> lens, int cp_size, Sharding sharding, int stripe)
       : layout_(layout), cp_size_(cp_size), sharding_(sharding), stripe_(stripe), global_len_(std::move(lens)) {
     constexpr const char* kWho = "ShardLayout: ";
-    detail::require(cp_size >= 1, kWho, "cp_size must be >= 1, got ", cp_size);
+    check_ranks(cp_size, batch());
     detail::require(sharding == Sharding::striped || stripe == 1, kWho,
                     "stripe applies to Sharding::striped only, got ", stripe);
     detail::require(stripe >= 1, kWho, "stripe must be >= 1, got ", stripe);
+    // Within the limits a machine may still lack the memory: per rank a
+    // TokenMap and its per-sequence vectors, per token a position and a run.
+    const index_t per_rank = static_cast<index_t>(sizeof(TokenMap) + 2 * sizeof(std::vector<index_t>)) +
+                             batch() * static_cast<index_t>(2 * sizeof(std::vector<index_t>) + 3 * sizeof(index_t));
+    index_t tokens = 0;
+    for (const index_t len : global_len_) tokens = detail::checked_add(tokens, len, "ShardLayout: total tokens");
+    const index_t bytes =
+        detail::checked_add(detail::checked_mul(per_rank, cp_size, "ShardLayout: bookkeeping bytes"),
+                            detail::checked_mul(tokens, static_cast<index_t>(2 * sizeof(index_t) + sizeof(Run)),
+                                                "ShardLayout: token map bytes"),
+                            "ShardLayout: bookkeeping bytes");
+    detail::allocating("ShardLayout: per-rank token maps", static_cast<std::size_t>(bytes), [&] { build_maps(); });
+  }
+
+  void build_maps() {
+    constexpr const char* kWho = "ShardLayout: ";
+    const Layout layout = layout_;
+    const int cp_size = cp_size_;
+    const Sharding sharding = sharding_;
+    const int stripe = stripe_;
     const auto p = static_cast<std::size_t>(cp_size);
     maps_.resize(p);
     local_tokens_.assign(p, 0);

@@ -37,12 +37,23 @@
 // attention call with the sinks in the variant: no merge, more memory, no
 // overlap.
 //
-// Validation is collective: at planning every rank contributes a fingerprint
-// of its arguments (layout, heads, head dims, storage type, options, a sample
-// of the mask) to one MPI_Allreduce, and every call checks its local inputs
-// and agrees with MPI_Allreduce before any point-to-point message. A rank that
+// Validation is collective: at planning every rank checks everything the
+// plan and its per-step plans would reject (shapes, options, kv_splits,
+// workers, the mask) and contributes a fingerprint of its arguments (layout,
+// heads, head dims, storage type, options, the mask's parameters and a
+// sample of it) to one MPI_Allreduce; every call checks its local inputs and
+// agrees with MPI_Allreduce before any point-to-point message. A rank that
 // disagrees or whose inputs are wrong makes every rank throw the same
 // seqattn::invalid_argument instead of hanging.
+//
+// Failures during the ring (an exception from the execution policy, an
+// allocation inside a backend) cannot be agreed on beforehand. The failing
+// rank stops computing but keeps forwarding the shards, so no peer waits for
+// a message that never comes and no posted request outlives the call; after
+// the last step one MPI_Allreduce tells every rank. The failing rank then
+// rethrows its own exception, the others throw std::runtime_error naming the
+// lowest failing rank and its message, and no rank writes its outputs (the
+// all-gather algorithm may have written the failing rank's).
 //
 // Backward (RingOptions::backward, ring only): K/V travel the ring again and
 // each shard's dK/dV accumulator (fp32) follows one step behind, ending at its
@@ -62,12 +73,17 @@
 #include <memory>
 #include <mpi.h>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "seqattn/attention.hpp"
+#include "seqattn/core/overlap.hpp"
 #include "seqattn/cp/layout.hpp"
+#include "seqattn/masks/combinators.hpp"
+#include "seqattn/masks/document.hpp"
+#include "seqattn/masks/structural.hpp"
 
 namespace seqattn::cp {
 
@@ -102,21 +118,84 @@ using seqattn::detail::require;
 inline constexpr int kRingTag = 0x5a77;
 inline constexpr std::size_t kMessageChars = 1024;
 
-// Checks `ok` on every rank. When some rank failed, every rank throws the
-// message of the lowest failing rank.
-inline void agree_or_throw(MPI_Comm comm, const std::string& local_error, const char* who) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const int mine = local_error.empty() ? size : rank;
-  int first_bad = size;
-  MPI_Allreduce(&mine, &first_bad, 1, MPI_INT, MPI_MIN, comm);
-  if (first_bad == size) return;
+// The lowest rank whose `local_error` is not empty, and its message (rank
+// == size when every rank succeeded). Collective.
+struct FirstFailure {
+  int rank = 0;
+  int size = 1;
   std::array<char, kMessageChars> text{};
-  if (rank == first_bad) std::strncpy(text.data(), local_error.c_str(), text.size() - 1);
-  MPI_Bcast(text.data(), static_cast<int>(text.size()), MPI_CHAR, first_bad, comm);
-  throw invalid_argument(concat(who, ": rank ", first_bad, " of ", size, " rejected its arguments: ", text.data()));
+  bool any() const { return rank < size; }
+};
+
+inline FirstFailure first_failure(MPI_Comm comm, const std::string& local_error) {
+  int rank = 0;
+  FirstFailure f;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &f.size);
+  const int mine = local_error.empty() ? f.size : rank;
+  f.rank = f.size;
+  MPI_Allreduce(&mine, &f.rank, 1, MPI_INT, MPI_MIN, comm);
+  if (!f.any()) return f;
+  if (rank == f.rank) std::strncpy(f.text.data(), local_error.c_str(), f.text.size() - 1);
+  MPI_Bcast(f.text.data(), static_cast<int>(f.text.size()), MPI_CHAR, f.rank, comm);
+  return f;
 }
+
+// Checks `local_error` on every rank. When some rank failed, every rank
+// throws the message of the lowest failing rank.
+inline void agree_or_throw(MPI_Comm comm, const std::string& local_error, const char* who) {
+  const FirstFailure f = first_failure(comm, local_error);
+  if (!f.any()) return;
+  throw invalid_argument(concat(who, ": rank ", f.rank, " of ", f.size, " rejected its arguments: ", f.text.data()));
+}
+
+inline std::string message_of(const std::exception_ptr& failure) {
+  if (!failure) return {};
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    // An empty what() must still count as a failure.
+    return e.what()[0] != '\0' ? e.what() : "an exception without a message";
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+// After work that may fail on some ranks only (the ring's steps, building the
+// step plans): when any rank failed, the failing ranks rethrow their own
+// exception (its type kept: out_of_memory stays out_of_memory) and the others
+// throw std::runtime_error naming the lowest failing rank. Collective.
+inline void agree_on_completion(MPI_Comm comm, const std::exception_ptr& failure, const char* who) {
+  const FirstFailure f = first_failure(comm, message_of(failure));
+  if (!f.any()) return;
+  if (failure) std::rethrow_exception(failure);
+  throw std::runtime_error(concat(who, ": rank ", f.rank, " of ", f.size, " failed: ", f.text.data()));
+}
+
+// The point-to-point requests of one ring call. On every exit path none is
+// left in flight: a receive is cancelled (or completes, if it already
+// matched) and a send completes (its peer posted the matching receive for
+// the same step). The ring completes them on its own; this guard holds for
+// an exception that escapes the loop anyway, so that MPI never writes into a
+// buffer the plan has freed.
+template <std::size_t N>
+struct InFlight {
+  std::array<MPI_Request, N> requests;
+  std::array<bool, N> is_receive;
+
+  explicit InFlight(std::array<bool, N> receives) : is_receive(receives) { requests.fill(MPI_REQUEST_NULL); }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  ~InFlight() {
+    for (std::size_t i = 0; i < N; ++i) {
+      if (requests[i] == MPI_REQUEST_NULL) continue;
+      if (is_receive[i]) MPI_Cancel(&requests[i]);
+      MPI_Wait(&requests[i], MPI_STATUS_IGNORE);
+    }
+  }
+  MPI_Request* data() { return requests.data(); }
+  MPI_Request& operator[](std::size_t i) { return requests[i]; }
+};
 
 // Runs `fn`, turning an exception into the message agree_or_throw shares.
 template <class Fn>
@@ -140,14 +219,92 @@ struct Fnv {
   }
 };
 
-// A fingerprint of the mask on the global problem: the class of a coarse
-// grid of tiles and the element predicate at pseudo-random points of every
-// sequence (at most 64 sequences, every head for masks that vary by head,
-// up to 8). It catches masks of another kind, window, prefix or document
-// layout; two masks that differ in a few elements only may agree here.
+// What mask_parameters recognizes: the structural masks, the combinators and
+// document masks (whose inner mask it reads), and masks with the hook
+//   std::uint64_t fingerprint() const;  // equal on every rank iff the masks are
+// Others contribute nothing: the samples decide.
+template <class M>
+struct MaskParts {
+  static constexpr int tag = 0;
+};
+template <class A, class B>
+struct MaskParts<AndMask<A, B>> {
+  static constexpr int tag = 6;
+};
+template <class A, class B>
+struct MaskParts<OrMask<A, B>> {
+  static constexpr int tag = 7;
+};
+template <class A>
+struct MaskParts<NotMask<A>> {
+  static constexpr int tag = 8;
+};
+template <class Inner>
+struct MaskParts<DocumentMask<Inner>> {
+  static constexpr int tag = 9;
+};
+
+template <class M>
+concept HasMaskFingerprint = requires(const M& m) {
+  { m.fingerprint() } -> std::convertible_to<std::uint64_t>;
+};
+
+// Adds the mask's parameters: masks differing in a few elements only (window
+// 300 against 301) escape the samples but not their parameters.
+template <class M>
+void mask_parameters(Fnv& f, const M& m) {
+  // A negative window side means unbounded, whatever its value.
+  const auto side = [](index_t x) { return static_cast<std::uint64_t>(x < 0 ? -1 : x); };
+  if constexpr (HasMaskFingerprint<M>) {
+    f.add(1);
+    f.add(static_cast<std::uint64_t>(m.fingerprint()));
+  } else if constexpr (std::is_same_v<M, FullMask>) {
+    f.add(2);
+  } else if constexpr (std::is_same_v<M, CausalMask>) {
+    f.add(3);
+    f.add(static_cast<std::uint64_t>(m.alignment));
+  } else if constexpr (std::is_same_v<M, SlidingWindowMask>) {
+    f.add(4);
+    f.add(side(m.left));
+    f.add(side(m.right));
+    f.add(static_cast<std::uint64_t>(m.alignment));
+  } else if constexpr (std::is_same_v<M, ChunkedCausalMask>) {
+    f.add(5);
+    f.add(static_cast<std::uint64_t>(m.chunk));
+    f.add(static_cast<std::uint64_t>(m.alignment));
+  } else if constexpr (std::is_same_v<M, PrefixLMMask>) {
+    f.add(10);
+    f.add(static_cast<std::uint64_t>(m.alignment));
+    if (m.prefix_lengths.empty()) {
+      f.add(static_cast<std::uint64_t>(m.prefix));
+    } else {
+      for (const std::int32_t p : m.prefix_lengths) f.add(static_cast<std::uint64_t>(p));
+    }
+  } else if constexpr (MaskParts<M>::tag == 6 || MaskParts<M>::tag == 7) {
+    f.add(MaskParts<M>::tag);
+    mask_parameters(f, m.a);
+    mask_parameters(f, m.b);
+  } else if constexpr (MaskParts<M>::tag == 8) {
+    f.add(8);
+    mask_parameters(f, m.a);
+  } else if constexpr (MaskParts<M>::tag == 9) {
+    f.add(9);
+    mask_parameters(f, m.inner);
+  } else {
+    f.add(0);
+  }
+}
+
+// A fingerprint of the mask on the global problem: its parameters where
+// mask_parameters knows them, the class of a coarse grid of tiles and the
+// element predicate at pseudo-random points of every sequence (at most 64
+// sequences, every head for masks that vary by head, up to 8). The samples
+// catch masks of another kind or document layout; two masks without known
+// parameters that differ in a few elements only may agree here.
 template <MaskDescription M>
 std::uint64_t mask_fingerprint(const M& mask, const ShardLayout& layout, index_t heads) {
   Fnv f;
+  mask_parameters(f, mask);
   std::uint64_t rng = 0x9e3779b97f4a7c15ull;
   auto next = [&] {
     rng ^= rng << 13;
@@ -199,9 +356,9 @@ inline void agree_on(MPI_Comm comm, const std::vector<Agreed>& fields, const cha
   for (std::size_t i = 0; i < n; ++i) {
     const std::int64_t max = reduced[i], min = -reduced[n + i];
     if (max != min) {
+      // The same message on every rank: no rank's own value in it.
       throw invalid_argument(concat(who, ": the ranks disagree on ", fields[i].name, " (from ", min, " to ", max,
-                                    " across ranks; this rank has ", fields[i].value,
-                                    "): every rank must plan the same problem"));
+                                    " across ranks): every rank must plan the same problem"));
     }
   }
 }
@@ -259,7 +416,7 @@ class RingPlan {
     // Local checks first, then one agreement: a rank that fails alone must
     // not leave the others waiting in a collective.
     detail::agree_or_throw(comm, detail::capture_error([&] {
-                             check_arguments(mask);
+                             check_arguments(mask, workers);
                              mask_hash = detail::mask_fingerprint(mask, *layout_, heads_);
                            }),
                            kWho);
@@ -287,7 +444,15 @@ class RingPlan {
                       {"the softcap (bits)", std::bit_cast<std::int32_t>(options_.softcap)},
                       {"the sinks (hash)", static_cast<std::int64_t>(sinks.h)}},
                      kWho);
-    build(mask, workers);
+    // Everything a rank could reject was checked above; what remains (an
+    // allocation failing on one rank) must still reach every rank.
+    std::exception_ptr failure;
+    try {
+      build(mask, workers);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    detail::agree_on_completion(comm, failure, kWho);
   }
 
   RingPlan(const RingPlan&) = delete;
@@ -354,6 +519,19 @@ class RingPlan {
           detail::require(dv.shape() == v_shape(), kWho, "dv must have shape ", v_shape(), ", got ", dv.shape());
           detail::require(dsinks.empty() || static_cast<index_t>(dsinks.size()) == heads_, kWho,
                           "dsinks must be empty or hold one value per query head (", heads_, "), got ", dsinks.size());
+          detail::require((dout.data() || dout.size() == 0) && (dq.data() || dq.size() == 0) &&
+                              (dk.data() || dk.size() == 0) && (dv.data() || dv.size() == 0),
+                          kWho, "dout, dq, dk and dv must have data (dout ", dout.data() ? "has" : "has none", ", dq ",
+                          dq.data() ? "has" : "has none", ", dk ", dk.data() ? "has" : "has none", ", dv ",
+                          dv.data() ? "has" : "has none", ")");
+          // The ring reads q, out, lse and dout at every step and writes dq, dk
+          // and dv one after another at the end (the same rule as the engine's).
+          using seqattn::detail::footprint;
+          seqattn::detail::require_disjoint(
+              "ring_attention_backward",
+              {footprint("dq", dq), footprint("dk", dk), footprint("dv", dv), footprint("dsinks", dsinks)},
+              {footprint("q", q), footprint("k", k), footprint("v", v), footprint("out", out), footprint("lse", lse),
+               footprint("dout", dout)});
         }),
         "ring_attention_backward");
     backward_ring(q, k, v, out, lse, dout, dq, dk, dv, dsinks, exec);
@@ -372,8 +550,15 @@ class RingPlan {
                                              : seqattn::detail::make_extents({n, h, d});
   }
 
+  PlanOptions plan_options() const {
+    PlanOptions po;
+    po.kv_splits = options_.kv_splits;
+    po.backward = options_.backward && options_.algorithm == Algorithm::ring;
+    return po;
+  }
+
   template <class M>
-  void check_arguments(const M& mask) const {
+  void check_arguments(const M& mask, int workers) const {
     constexpr const char* kWho = "ring_attention plan: ";
     const ShardLayout& l = *layout_;
     detail::require(l.cp_size() == size_, kWho, "the layout is for cp_size ", l.cp_size(), " but the communicator has ",
@@ -383,7 +568,28 @@ class RingPlan {
                     ") and head dims positive, got dk ", dk_, ", dv ", dv_);
     detail::require(sinks_.empty() || static_cast<index_t>(sinks_.size()) == heads_, kWho,
                     "sinks must hold one logit per query head (", heads_, "), got ", sinks_.size());
-    detail::require(options_.kv_splits >= 0, kWho, "kv_splits must be >= 0, got ", options_.kv_splits);
+    for (std::size_t h = 0; h < sinks_.size(); ++h) {
+      detail::require(std::isfinite(sinks_[h]), kWho, "sinks must be finite, got ", sinks_[h], " for head ", h);
+    }
+    // The engine's own rules (and messages) for scale and softcap, here
+    // rather than inside the ring: a throw there leaves transfers posted.
+    seqattn::detail::check_variant(variants::Standard{options_.scale, {options_.softcap}, {sinks_}},
+                                   local_shape(l.local_lengths(rank_)));
+    // What plan_attention would reject in build(), per step (kv_splits,
+    // workers, the shape limits, the backend): workers and kv_splits are
+    // per-rank settings, so a rank failing there alone must fail here.
+    const PlanOptions po = plan_options();
+    if (options_.algorithm == Algorithm::all_gather) {
+      RaggedLengths lengths = l.local_lengths(rank_);
+      lengths.kv = l.global_lengths().kv;
+      seqattn::detail::check_plan_request<Backend>(local_shape(lengths), po, workers);
+    } else {
+      for (int src = 0; src < size_; ++src) {
+        RaggedLengths lengths = l.local_lengths(rank_);
+        lengths.kv = l.local_lengths(src).kv;
+        seqattn::detail::check_plan_request<Backend>(local_shape(lengths), po, workers);
+      }
+    }
     seqattn::detail::check_mask(mask, l.global_lengths(), heads_);
     // Messages are counted in bytes as an int.
     for (int r = 0; r < size_; ++r) {
@@ -417,9 +623,7 @@ class RingPlan {
   void build(const M& mask, int workers) {
     const ShardLayout& l = *layout_;
     const auto q_map = std::shared_ptr<const TokenMap>(layout_, &l.map(rank_));
-    PlanOptions po;
-    po.kv_splits = options_.kv_splits;
-    po.backward = options_.backward && options_.algorithm == Algorithm::ring;
+    const PlanOptions po = plan_options();
     auto fill_table = [&](Step& st, int kv_rank) {
       if (l.layout() != Layout::thd) return;
       for (index_t b = 0; b < l.batch(); ++b) {
@@ -524,6 +728,10 @@ class RingPlan {
     detail::require((q.data() || q.size() == 0) && (k.data() || k.size() == 0) && (v.data() || v.size() == 0) &&
                         (out.data() || out.size() == 0),
                     kWho, "q, k, v and out must have data");
+    // The engine's rule for its outputs; out and lse must not share memory.
+    using seqattn::detail::footprint;
+    seqattn::detail::require_disjoint("ring_attention_forward", {footprint("out", out), footprint("lse", lse)},
+                                      {footprint("q", q), footprint("k", k), footprint("v", v)});
   }
 
   // Copies this rank's K then V, token-major, into `dst` (the wire format:
@@ -624,7 +832,8 @@ class RingPlan {
     pack(k, v, ring_[0].data());
     const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
     const variants::Standard variant{options_.scale, {options_.softcap}, {}};
-    std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    detail::InFlight<2> requests({true, false});
+    std::exception_ptr failure;
     for (int s = 0; s < size_; ++s) {
       const int src = (rank_ - s + size_) % size_;
       T* cur = ring_[static_cast<std::size_t>(s % 2)].data();
@@ -643,18 +852,24 @@ class RingPlan {
       const double t0 = detail::now_s();
       const Step& st = steps_[static_cast<std::size_t>(s)];
       timing.skipped = st.plan == nullptr;
-      if (st.plan) {
-        const auto [kv_k, kv_v] = unpack_views(cur, src);
-        const AttentionInputs<T> in{q, kv_k, kv_v, layout_->layout() == Layout::thd ? &st.table : nullptr};
-        detail::ProgressingExec<std::remove_reference_t<Exec>> pexec{exec, requests.data(), pending};
-        attention_forward(*st.plan, in, step_out_.view(), step_lse_.view(), variant, pexec);
-        merge_step(pexec);
+      // After a failure this rank only forwards shards: the peers wait for them.
+      if (st.plan && !failure) {
+        try {
+          const auto [kv_k, kv_v] = unpack_views(cur, src);
+          const AttentionInputs<T> in{q, kv_k, kv_v, layout_->layout() == Layout::thd ? &st.table : nullptr};
+          detail::ProgressingExec<std::remove_reference_t<Exec>> pexec{exec, requests.data(), pending};
+          attention_forward(*st.plan, in, step_out_.view(), step_lse_.view(), variant, pexec);
+          merge_step(pexec);
+        } catch (...) {
+          failure = std::current_exception();
+        }
       }
       const double t1 = detail::now_s();
       if (pending) MPI_Waitall(pending, requests.data(), MPI_STATUSES_IGNORE);
       timing.compute_s = t1 - t0;
       timing.wait_s = detail::now_s() - t1;
     }
+    detail::agree_on_completion(comm_, failure, "ring_attention_forward");
     finalize(out, lse);
   }
 
@@ -696,7 +911,8 @@ class RingPlan {
     pack(k, v, ring_[0].data());
     const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
     const variants::Standard variant{options_.scale, {options_.softcap}, {}};
-    std::array<MPI_Request, 4> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    detail::InFlight<4> requests({true, false, true, false});
+    std::exception_ptr failure;
     const auto bytes = [&](int r, std::size_t elem) {
       return static_cast<int>(shard_elements(r) * static_cast<index_t>(elem));
     };
@@ -711,22 +927,28 @@ class RingPlan {
         MPI_Isend(cur, bytes(src, sizeof(T)), MPI_BYTE, next, detail::kRingTag, comm_, &requests[1]);
       }
       const Step& st = steps_[static_cast<std::size_t>(s)];
-      if (st.plan) {
-        const auto [kv_k, kv_v] = unpack_views(cur, src);
-        const AttentionInputs<T> in{q, kv_k, kv_v, layout_->layout() == Layout::thd ? &st.table : nullptr};
-        const auto [gk, gv] = unpack_views(dkv_step_.data(), src);
-        const AttentionGrads<T> grads{dq_step_.view(),
-                                      TensorView<T>(const_cast<T*>(gk.data()), gk.shape(), gk.strides()),
-                                      TensorView<T>(const_cast<T*>(gv.data()), gv.shape(), gv.strides())};
-        detail::ProgressingExec<std::remove_reference_t<Exec>> pexec{exec, requests.data(), 4};
-        attention_backward(*st.plan, in, out, lse, dout, grads, variant, pexec);
-        const T* g = dq_step_.data();
-        for (std::size_t e = 0; e < dq_acc_.size(); ++e) dq_acc_[e] += to_float(g[e]);
+      // After a failure this rank only forwards shards and accumulators.
+      const bool compute = st.plan && !failure;
+      if (compute) {
+        try {
+          const auto [kv_k, kv_v] = unpack_views(cur, src);
+          const AttentionInputs<T> in{q, kv_k, kv_v, layout_->layout() == Layout::thd ? &st.table : nullptr};
+          const auto [gk, gv] = unpack_views(dkv_step_.data(), src);
+          const AttentionGrads<T> grads{dq_step_.view(),
+                                        TensorView<T>(const_cast<T*>(gk.data()), gk.shape(), gk.strides()),
+                                        TensorView<T>(const_cast<T*>(gv.data()), gv.shape(), gv.strides())};
+          detail::ProgressingExec<std::remove_reference_t<Exec>> pexec{exec, requests.data(), 4};
+          attention_backward(*st.plan, in, out, lse, dout, grads, variant, pexec);
+          const T* g = dq_step_.data();
+          for (std::size_t e = 0; e < dq_acc_.size(); ++e) dq_acc_[e] += to_float(g[e]);
+        } catch (...) {
+          failure = std::current_exception();
+        }
       }
       // The accumulator of shard src arrives (requests 2 and 3: the hop
       // posted after the previous step) and this step's dK/dV join it.
       MPI_Waitall(4, requests.data(), MPI_STATUSES_IGNORE);
-      if (st.plan) {
+      if (compute && !failure) {
         const index_t n = shard_elements(src);
         for (index_t e = 0; e < n; ++e) acc[e] += to_float(dkv_step_[static_cast<std::size_t>(e)]);
       }
@@ -739,6 +961,7 @@ class RingPlan {
       MPI_Isend(acc, bytes(src, sizeof(float)), MPI_BYTE, next, detail::kRingTag + 1, comm_, &requests[3]);
     }
     MPI_Waitall(2, requests.data() + 2, MPI_STATUSES_IGNORE);
+    detail::agree_on_completion(comm_, failure, "ring_attention_backward");
     // Own shard's accumulator, complete: after P hops it is back.
     const float* own = dkv_ring_[static_cast<std::size_t>(size_ % 2)].data();
     const index_t kv_tokens = shard_tokens(rank_);
@@ -820,7 +1043,13 @@ class RingPlan {
     const AttentionInputs<T> in{q, TensorView<const T>(full_k_.data(), ks), TensorView<const T>(full_v_.data(), vs),
                                 bshd ? nullptr : &st.table};
     const variants::Standard variant{options_.scale, {options_.softcap}, {sinks_}};
-    attention_forward(*st.plan, in, out, lse, variant, exec);
+    std::exception_ptr failure;
+    try {
+      attention_forward(*st.plan, in, out, lse, variant, exec);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    detail::agree_on_completion(comm_, failure, "ring_attention_forward");
   }
 
   MPI_Comm comm_;

@@ -406,7 +406,9 @@ TEMPLATE_TEST_CASE("issue 21 (fuzz_plan): segments sharing query rows, or key ro
     c.q_offsets = {0, 8}, c.q_lens = {12, 12}, c.kv_offsets = {0, 12}, c.kv_lens = {12, 12};
     const SegmentTable t = c.table();
     const AttentionInputs<float> in{c.q.view(), c.k.view(), c.v.view(), &t};
-    CHECK_THROWS_WITH(shape_of(in), ContainsSubstring("segments 0 and 1 share query tokens ([0, 12) and [8, 20))"));
+    auto plan = plan_attention<Backend>(shape_of(in), CausalMask{}, options);
+    CHECK_THROWS_WITH(attention_forward(plan, in, c.out.view(), c.lse.view()),
+                      ContainsSubstring("segments overlap on the query axis: tokens [0, 12) and [8, 20)"));
   }
   SECTION("key rows shared by two segments: the forward pass reads them, the backward pass refuses") {
     // Listed out of order, so the sorting path finds the overlap.

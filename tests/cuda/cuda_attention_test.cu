@@ -7,7 +7,9 @@
 // which CTest reports as skipped (SKIP_RETURN_CODE).
 #define CATCH_CONFIG_RUNNER
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -400,6 +402,96 @@ TEST_CASE("cuda: bad calls throw and name the problem", "[cuda][gpu][errors]") {
                                          Strides(detail::make_extents({40 * 2 * 68, 2 * 68, 68, 1})));
   const AttentionInputs<bfloat16> odd_in{dq.view(), k_odd, dv.view()};
   CHECK_THROWS_WITH(attention_forward(plan, odd_in, dout.view(), {}), ContainsSubstring("16-byte aligned"));
+}
+
+// ---- NaN policy (README, "NaN and infinity") ----------------------------------
+// Not yet run on a GPU when written (no device in that session): the
+// kernels' NaN handling compiled with nvcc only.
+
+// Backends::Cuda against the reference on inputs holding NaN or infinity:
+// NaN exactly where the reference has NaN (out and LSE), infinities equal,
+// everything else within the tolerance of check_cuda.
+template <class T, class M, class V>
+void check_cuda_policy(const Problem& pr, const M& mask, const V& variant, PlanOptions options = {}) {
+  const Tensor<T> q = rounded_to<T>(pr.q), k = rounded_to<T>(pr.k), v = rounded_to<T>(pr.v);
+  const Tensor<float> qf = widened(q), kf = widened(k), vf = widened(v);
+  const AttentionInputs<float> ref_in{qf.view(), kf.view(), vf.view(), pr.segments};
+  const AttentionShape shape = shape_of(ref_in);
+  Extents out_shape = pr.q.shape();
+  out_shape[out_shape.rank() - 1] = shape.dv;
+  const Extents lse_shape = shape.layout == Layout::bshd
+                                ? detail::make_extents({shape.batch(), shape.heads, pr.q.extent(1)})
+                                : detail::make_extents({shape.heads, pr.q.extent(0)});
+  Tensor<float> want(out_shape, 7.0f), want_lse(lse_shape, 7.0f);
+  attention_forward(plan_attention<backends::Reference>(shape, mask), ref_in, want.view(), want_lse.view(), variant);
+
+  const DeviceTensor<T> dq(q), dk(k), dv(v);
+  DeviceTensor<T> dout(Tensor<T>(out_shape, from_float<T>(7.0f)));
+  DeviceTensor<float> dlse(Tensor<float>(lse_shape, 7.0f));
+  const AttentionInputs<T> in{dq.view(), dk.view(), dv.view(), pr.segments};
+  const auto plan = plan_attention<backends::Cuda>(shape, mask, options);
+  attention_forward(plan, in, dout.view(), dlse.view(), variant, cuda::Stream{});
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const Tensor<float> got = widened(dout.download());
+  const Tensor<float> got_lse = dlse.download();
+
+  auto mismatches = [](const Tensor<float>& g, const Tensor<float>& w, double tol) {
+    index_t bad = 0;
+    for (index_t i = 0; i < g.size(); ++i) {
+      const double a = g.data()[i], b = w.data()[i];
+      if (std::isnan(a) || std::isnan(b)) {
+        bad += !(std::isnan(a) && std::isnan(b));
+      } else if (std::isinf(a) || std::isinf(b)) {
+        bad += a != b;
+      } else {
+        bad += !(std::abs(a - b) <= tol * (1.0 + std::abs(b)));
+      }
+    }
+    return bad;
+  };
+  index_t nan_rows = 0;
+  for (index_t i = 0; i < want_lse.size(); ++i) nan_rows += std::isnan(want_lse.data()[i]);
+  INFO(shape << "; " << nan_rows << " NaN rows in the reference");
+  CHECK(mismatches(got, want, std::is_same_v<T, bfloat16> ? 2e-2 : 4e-3) == 0);
+  CHECK(mismatches(got_lse, want_lse, 1e-3) == 0);
+}
+
+TEST_CASE("cuda: NaN policy: values the mask hides never reach a row", "[cuda][gpu][nan]") {
+  std::mt19937 rng(41);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  // Documents of 50, 70 and 40 tokens in one sequence; document 1 holds NaN
+  // and infinities in K and V rows that tiles share with the other documents.
+  Problem pr = random_bshd(rng, 1, 160, 160, 4, 2, 128, 128);
+  for (index_t e = 0; e < 128; ++e) {
+    pr.v(0, 118, 0, e) = nan;
+    pr.v(0, 119, 1, e) = e % 2 ? inf : -inf;
+  }
+  pr.k(0, 100, 1, 5) = nan;
+  pr.q(0, 80, 2, 3) = nan;
+  const TestDocumentMask documents{{50, 70, 40}};
+  check_cuda_policy<bfloat16>(pr, documents, variants::Default{});
+  check_cuda_policy<float16>(pr, documents, variants::Default{});
+  PlanOptions split;
+  split.kv_splits = 3;
+  check_cuda_policy<bfloat16>(pr, documents, variants::Default{}, split);
+  const std::vector<float> sinks{0.5f, -1.0f, 2.0f, 0.0f};
+  check_cuda_policy<bfloat16>(pr, documents, variants::Sinks{sinks});
+}
+
+TEST_CASE("cuda: NaN policy in the decode kernel and the split merge", "[cuda][gpu][nan]") {
+  std::mt19937 rng(42);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Problem pr = random_bshd(rng, 2, 1, 3000, 32, 4, 128, 128);
+  // Sequence 0: a NaN V row outside the window (hidden); sequence 1: a NaN
+  // key inside it for K/V head 2 (its 8 query heads turn NaN).
+  for (index_t e = 0; e < 128; ++e) pr.v(0, 1000, 1, e) = nan;
+  pr.k(1, 2900, 2, 7) = nan;
+  const SlidingWindowMask window{600, 0, Alignment::bottom_right};
+  check_cuda_policy<bfloat16>(pr, window, variants::Default{});
+  PlanOptions split;
+  split.kv_splits = 6;
+  check_cuda_policy<bfloat16>(pr, window, variants::Default{}, split);
+  check_cuda_policy<float16>(pr, window, variants::Default{}, split);
 }
 
 }  // namespace

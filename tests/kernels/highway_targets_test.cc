@@ -987,4 +987,198 @@ TEST_CASE("the bf16 pair-dot path on every Highway target matches the Scalar bac
   kernel_tests::require_every_target_ran(ran);
 }
 
+// ---- the NaN policy on every target (attention/softmax_state.hpp) -------------------
+
+namespace seqattn::kernel_tests {
+namespace {
+
+// NaN exactly where want is NaN, infinities equal, other elements within
+// tol * max(1, max |want|).
+template <class T>
+index_t policy_mismatches(const Tensor<T>& got, const Tensor<T>& want, double tol) {
+  double scale = 1.0;
+  for (index_t i = 0; i < want.size(); ++i) {
+    const double w = to_float(want.data()[i]);
+    if (std::isfinite(w)) scale = std::max(scale, std::abs(w));
+  }
+  index_t bad = 0;
+  for (index_t i = 0; i < got.size(); ++i) {
+    const float g = to_float(got.data()[i]), w = to_float(want.data()[i]);
+    if (std::isnan(g) || std::isnan(w)) {
+      bad += !(std::isnan(g) && std::isnan(w));
+    } else if (std::isinf(g) || std::isinf(w)) {
+      bad += g != w;
+    } else {
+      bad += std::abs(static_cast<double>(g) - w) > tol * scale;
+    }
+  }
+  return bad;
+}
+
+// Keys 45 and 100 hidden from every row, a causal window of 20 otherwise.
+struct HiddenKeysMask {
+  static constexpr bool head_invariant = true;
+  bool allowed(const MaskContext&, index_t q, index_t kv) const {
+    return kv <= q && kv >= q - 20 && kv != 45 && kv != 100;
+  }
+  TileClass classify(const MaskContext& ctx, const Tile& t) const { return detail::classify_by_scan(*this, ctx, t); }
+};
+
+}  // namespace
+}  // namespace seqattn::kernel_tests
+
+TEST_CASE("FlashKernel follows the NaN policy on every Highway target", "[kernels][nan]") {
+  using namespace seqattn;
+  using namespace seqattn::kernel_tests;
+  std::int64_t ran = 0;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const index_t bq = any_kernel().block_q, bkv = any_kernel().block_kv;
+  for (const index_t rows : {3, 8, 17, 64}) {
+    for_each_target(ran, [&](const FlashKernelEntry& kernel) {
+      INFO("rows = " << rows);
+      const index_t rows_p = kernel.padded_rows(rows), cols = 20;
+      // online_softmax: row 0 a NaN score, row 1 a +inf score, row 2 only -inf,
+      // the others finite; then a finite tile: the NaN rows stay NaN.
+      Buffer m(bq), l(bq), alpha(bq), st(bkv * bq);
+      std::fill_n(m.data(), bq, -kInf);
+      for (int tile = 0; tile < 2; ++tile) {
+        for (index_t j = 0; j < cols; ++j) {
+          for (index_t r = 0; r < rows_p; ++r) st[j * bq + r] = 0.1f * static_cast<float>(j - r);
+        }
+        if (tile == 0) {
+          st[7 * bq + 0] = nan;
+          st[3 * bq + 1] = kInf;
+        }
+        for (index_t j = 0; j < cols; ++j) st[j * bq + 2] = -kInf;
+        kernel.online_softmax(st.data(), cols, rows_p, m.data(), l.data(), alpha.data());
+        INFO("tile " << tile);
+        for (index_t r = 0; r < 2; ++r) {
+          CHECK(std::isnan(m[r]));
+          CHECK(std::isnan(l[r]));
+          CHECK(std::isnan(alpha[r]));
+        }
+        CHECK(m[2] == -kInf);
+        CHECK(l[2] == 0.0f);
+        for (index_t r = 3; r < rows; ++r) CHECK(std::isfinite(l[r]));
+      }
+
+      // accumulate_pv: zero weights against NaN and infinite V rows leave O
+      // as ScalarKernel (a select) leaves it: finite where no weight meets them.
+      const index_t dv = 40, dvp = kernel.padded_dim(dv);
+      Buffer pt(bkv * bq), v(cols * dvp), a(bq, 1.0f), o(rows * dvp), want(rows * dvp);
+      std::vector<float> p_ref(static_cast<std::size_t>(cols * ScalarKernel::kBlockQ));
+      for (index_t j = 0; j < cols; ++j) {
+        for (index_t e = 0; e < dvp; ++e) v[j * dvp + e] = e < dv ? 0.01f * static_cast<float>(j + e) : 0.0f;
+        for (index_t r = 0; r < rows; ++r) {
+          // Key 4 is NaN and weighted only by row 0, key 9 is +inf and weighted by no row.
+          const float w = (j == 4 && r != 0) || j == 9 || (j + r) % 5 == 0 ? 0.0f : 0.05f;
+          pt[j * bq + r] = w;
+          p_ref[static_cast<std::size_t>(j * ScalarKernel::kBlockQ + r)] = w;
+        }
+      }
+      for (index_t e = 0; e < dvp; e += 3) v[4 * dvp + e] = nan;
+      v[9 * dvp + 1] = kInf;
+      ScalarKernel::accumulate_pv(p_ref.data(), rows, cols, v.data(), dvp, dvp, a.data(), want.data());
+      kernel.accumulate_pv(pt.data(), rows, cols, v.data(), dvp, dvp, a.data(), o.data());
+      Report rep;
+      for (index_t r = 0; r < rows; ++r) {
+        for (index_t e = 0; e < dv; ++e) {
+          if (std::isnan(want[r * dvp + e])) {
+            rep.expect_bits(std::isnan(o[r * dvp + e]) ? 1.0f : 0.0f, 1.0f, at("O (NaN expected)", r, e));
+          } else {
+            rep.expect_near(o[r * dvp + e], want[r * dvp + e], 1e-5, at("O", r, e));
+          }
+        }
+      }
+      check_report(rep);
+      for (index_t e = 1; e < dv; ++e) CHECK(std::isfinite(want[dvp + e]));  // row 1 never weights key 4
+
+      // softmax_backward: a masked score gives P = 0 and dS = 0 whatever lse
+      // (NaN) and dP (NaN: a hidden V row) hold; a visible score of a NaN row gives NaN.
+      Buffer s(bq * bq), dp(bq * bq), lse(bq, nan), delta(bq, 0.5f);
+      for (const bool by_lane : {true, false}) {
+        INFO((by_lane ? "per lane" : "per column"));
+        s[0] = -kInf;
+        dp[0] = nan;
+        s[1] = 0.5f;
+        (by_lane ? kernel.softmax_backward_lanes : kernel.softmax_backward_columns)(s.data(), dp.data(), 1, rows_p,
+                                                                                    lse.data(), delta.data());
+        CHECK(s[0] == 0.0f);
+        CHECK(dp[0] == 0.0f);
+        CHECK(std::isnan(s[1]));
+      }
+    });
+  }
+  require_every_target_ran(ran);
+}
+
+TEST_CASE("the tiled engine on every Highway target follows the NaN policy like the reference",
+          "[kernels][engine][nan]") {
+  using namespace seqattn;
+  using namespace seqattn::kernel_tests;
+  std::int64_t ran = 0;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::mt19937 rng(2401);
+  const Extents q_shape = detail::make_extents({1, 150, 2, 40}), kv_shape = detail::make_extents({1, 150, 1, 40});
+  auto q = random_values<float>(q_shape, rng), k = random_values<float>(kv_shape, rng),
+       v = random_values<float>(kv_shape, rng);
+  const auto dout = random_values<float>(q_shape, rng);
+  q(0, 70, 1, 5) = nan;  // one row NaN
+  k(0, 60, 0, 3) = nan;  // the rows that see key 60 NaN
+  for (index_t e = 0; e < 40; ++e) {
+    k(0, 45, 0, e) = nan;  // hidden from every row: no effect
+    v(0, 45, 0, e) = e % 2 ? nan : kInf;
+  }
+  v(0, 100, 0, 7) = -kInf;
+  const HiddenKeysMask mask;
+  const AttentionInputs<float> in{q.view(), k.view(), v.view()};
+  Tensor<float> want(q_shape), want_lse(detail::make_extents({1, 2, 150}));
+  attention_forward<backends::Reference>(in, mask, want.view(), want_lse.view());
+  PlanOptions options;
+  options.backward = true;
+  const auto plan = plan_attention<backends::Reference>(shape_of(in), mask, options);
+  Tensor<float> want_dq(q_shape), want_dk(kv_shape), want_dv(kv_shape);
+  attention_backward(plan, in, want.view(), want_lse.view(), dout.view(), want_dq.view(), want_dk.view(),
+                     want_dv.view());
+  index_t finite_rows = 0;
+  for (index_t t = 0; t < 150; ++t) finite_rows += std::isfinite(want(0, t, 0, 0));
+  REQUIRE(finite_rows > 100);
+  REQUIRE(std::isnan(want(0, 70, 1, 0)));
+
+  Tensor<bfloat16> qb(q_shape), kb(kv_shape), vb(kv_shape), want_b(q_shape);
+  for (index_t i = 0; i < q.size(); ++i) qb.data()[i] = bfloat16(q.data()[i]);
+  for (index_t i = 0; i < k.size(); ++i) kb.data()[i] = bfloat16(k.data()[i]);
+  for (index_t i = 0; i < v.size(); ++i) vb.data()[i] = bfloat16(v.data()[i]);
+  const AttentionInputs<bfloat16> in_b{qb.view(), kb.view(), vb.view()};
+  Tensor<float> want_lse_b(want_lse.shape());
+  attention_forward<backends::Reference>(in_b, mask, want_b.view(), want_lse_b.view());
+
+  const BlockMask bm =
+      build_block_mask(mask, RaggedLengths::uniform(1, 150, 150), 2, {any_kernel().block_q, any_kernel().block_kv});
+  struct Restore {
+    Bf16DotPath saved = bf16_dot_path();
+    ~Restore() { set_bf16_dot_path(saved); }
+  } restore;
+  for_each_target(ran, [&](const FlashKernelEntry& kernel) {
+    Tensor<float> out(q_shape, 7.0f), lse(want_lse.shape(), 7.0f);
+    kernel.forward_f32(in, bm, out.view(), lse.view(), AttentionOptions{}, 2);
+    CHECK(policy_mismatches(out, want, 1e-5) == 0);
+    CHECK(policy_mismatches(lse, want_lse, 1e-5) == 0);
+    Tensor<float> dq(q_shape, 7.0f), dk(kv_shape, 7.0f), dv(kv_shape, 7.0f);
+    kernel.backward_f32(in, bm, dout.view(), dq.view(), dk.view(), dv.view(), 2);
+    CHECK(policy_mismatches(dq, want_dq, 2e-4) == 0);
+    CHECK(policy_mismatches(dk, want_dk, 2e-4) == 0);
+    CHECK(policy_mismatches(dv, want_dv, 2e-4) == 0);
+    for (const Bf16DotPath path : {Bf16DotPath::widen, Bf16DotPath::native}) {
+      INFO((path == Bf16DotPath::native ? "bf16 pair dot" : "bf16 widen"));
+      set_bf16_dot_path(path);
+      Tensor<bfloat16> out_b(q_shape, bfloat16(7.0f));
+      kernel.forward_bf16(in_b, bm, out_b.view(), lse.view(), AttentionOptions{}, 2);
+      CHECK(policy_mismatches(out_b, want_b, 4e-2) == 0);
+      CHECK(policy_mismatches(lse, want_lse_b, 1e-2) == 0);
+    }
+  });
+  require_every_target_ran(ran);
+}
+
 #endif  // HWY_ONCE

@@ -152,7 +152,6 @@ AttentionShape shape_of(const AttentionInputs<T>& in) {
   } else {
     const SegmentTable& seg = *in.segments;
     seg.validate(in.q.extent(0), in.k.extent(0));
-    seg.require_disjoint_queries("attention");
     for (std::size_t i = 0; i < seg.q_lens.size(); ++i) {
       s.lengths.q.push_back(seg.q_lens[i]);
       s.lengths.kv.push_back(seg.kv_lens[i]);

@@ -9,6 +9,31 @@
 // A normalized output with its log-sum-exp is the partial (lse, 1, out).
 // A row that has seen no allowed key is empty (l = 0, m = -inf): it merges as
 // the identity and finalizes to out = 0, lse = -inf.
+//
+// NaN and infinity: the one policy of every backend (README, "NaN and
+// infinity"; Reference, Scalar, Highway on every target and its bf16 path,
+// Dispatched, CUDA, ring attention):
+//   1. A key the mask hides from a row is never read into that row's result,
+//      whatever its K and V hold (padding and unused cache pages may hold
+//      garbage): masked scores are selected away, and a value row contributes
+//      to an output row only where the row's weight P is nonzero (a select,
+//      not a multiply: 0 * NaN must not happen). So keys of zero weight
+//      (masked, a visible logit of -inf, exp underflowing to exactly 0)
+//      contribute nothing. This is where we differ from IEEE arithmetic (and
+//      from PyTorch, where 0 * NaN = NaN).
+//   2. A NaN in q, in a visible k element, or from a score variant makes the
+//      rows it reaches NaN: output row and LSE. The row max propagates NaN.
+//      A NaN or infinity in a visible v row of nonzero weight reaches the
+//      output by IEEE arithmetic.
+//   3. +inf logits follow IEEE: the row max becomes +inf and
+//      exp(inf - inf) = NaN, so the row is NaN (as PyTorch SDPA). A row whose
+//      visible logits are all -inf sees nothing: out 0, LSE -inf.
+//   4. Backward: hidden keys get no gradient from a row and are never read
+//      into its dQ; NaN rows carry NaN into the gradients they reach.
+//   5. Merges (split-KV, ring attention): a NaN partial makes the row NaN, a
+//      partial with LSE -inf contributes nothing.
+// Here: a state with a NaN max or sum is NaN; it stays NaN through merges and
+// finalizes to out NaN, LSE NaN.
 #pragma once
 
 #include <algorithm>
@@ -31,15 +56,32 @@ struct SoftmaxState {
     float other = 0.0f;
   };
 
+  // A NaN lse gives a NaN state.
   static SoftmaxState from_lse(float lse) { return lse == kNegInf ? SoftmaxState{} : SoftmaxState{lse, 1.0f}; }
 
-  bool empty() const { return !(sum > 0.0f); }
-  float lse() const { return empty() ? kNegInf : max + std::log(sum); }
-  // Multiplies the O accumulator into the normalized output (0 when empty).
-  float normalizer() const { return empty() ? 0.0f : 1.0f / sum; }
+  bool is_nan() const { return std::isnan(max) || std::isnan(sum); }
+  bool empty() const { return !(sum > 0.0f) && !is_nan(); }
+  float lse() const {
+    if (is_nan()) return std::numeric_limits<float>::quiet_NaN();
+    return empty() ? kNegInf : max + std::log(sum);
+  }
+  // Multiplies the O accumulator into the normalized output (0 when empty,
+  // NaN when NaN: the output row is NaN whatever O holds).
+  float normalizer() const {
+    if (is_nan()) return std::numeric_limits<float>::quiet_NaN();
+    return empty() ? 0.0f : 1.0f / sum;
+  }
 
   // Folds `other` into this state. O_this = O_this * w.self + O_other * w.other.
+  // Either side NaN: the state and both weights become NaN (std::max would
+  // drop a NaN max, and exp(NaN) weights alone leave sum finite when the
+  // other side is empty).
   Weights merge(const SoftmaxState& other) {
+    if (is_nan() || other.is_nan()) {
+      constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+      max = sum = kNaN;
+      return {kNaN, kNaN};
+    }
     if (other.empty()) return {1.0f, 0.0f};
     if (empty()) {
       *this = other;

@@ -404,6 +404,12 @@ struct FlashKernel {
   }
 
   // Lane-wise online softmax over the keys of the tile (see ScalarKernel).
+  // NaN policy (attention/softmax_state.hpp): x86 max instructions drop a
+  // NaN operand and hn::Exp(NaN) is 0, so neither the max nor the sum sees a
+  // NaN score. What does: the sum of the exponents s - ref, which is NaN
+  // exactly when some s is NaN or s = ref = +inf (exp(inf - inf) under IEEE),
+  // or when m_old was NaN; -inf terms keep it -inf. A row it flags gets
+  // m = l = alpha = NaN, as ScalarKernel: one Add per score.
   template <class DT>
   static HWY_INLINE void SoftmaxRows(float* HWY_RESTRICT st, index_t cols, index_t r, float* HWY_RESTRICT m,
                                      float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
@@ -420,27 +426,37 @@ struct FlashKernel {
     const VT m_old = hn::Load(d, m + r);
     const VT m_new = hn::Max(m_old, hn::Max(mx0, mx1));
     const VT ref = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-    const VT a = hn::Exp(d, hn::Sub(m_old, ref));
-    VT sum0 = hn::Zero(d), sum1 = hn::Zero(d);
+    const VT old_exponent = hn::Sub(m_old, ref);
+    const VT a = hn::Exp(d, old_exponent);
+    VT sum0 = hn::Zero(d), sum1 = hn::Zero(d), exponents0 = old_exponent, exponents1 = hn::Zero(d);
     for (j = 0; j + 2 <= cols; j += 2) {
       float* p0 = st + j * kBlockQ + r;
       float* p1 = p0 + kBlockQ;
-      const VT e0 = hn::Exp(d, hn::Sub(hn::Load(d, p0), ref));
-      const VT e1 = hn::Exp(d, hn::Sub(hn::Load(d, p1), ref));
+      const VT x0 = hn::Sub(hn::Load(d, p0), ref);
+      const VT x1 = hn::Sub(hn::Load(d, p1), ref);
+      const VT e0 = hn::Exp(d, x0);
+      const VT e1 = hn::Exp(d, x1);
       hn::Store(e0, d, p0);
       hn::Store(e1, d, p1);
       sum0 = hn::Add(sum0, e0);
       sum1 = hn::Add(sum1, e1);
+      exponents0 = hn::Add(exponents0, x0);
+      exponents1 = hn::Add(exponents1, x1);
     }
     if (j < cols) {
       float* p0 = st + j * kBlockQ + r;
-      const VT e0 = hn::Exp(d, hn::Sub(hn::Load(d, p0), ref));
+      const VT x0 = hn::Sub(hn::Load(d, p0), ref);
+      const VT e0 = hn::Exp(d, x0);
       hn::Store(e0, d, p0);
       sum0 = hn::Add(sum0, e0);
+      exponents0 = hn::Add(exponents0, x0);
     }
-    hn::Store(hn::MulAdd(hn::Load(d, l + r), a, hn::Add(sum0, sum1)), d, l + r);
-    hn::Store(m_new, d, m + r);
-    hn::Store(a, d, alpha + r);
+    const VT l_new = hn::MulAdd(hn::Load(d, l + r), a, hn::Add(sum0, sum1));
+    const auto nan_row = hn::Or(hn::IsNaN(hn::Add(exponents0, exponents1)), hn::IsNaN(l_new));
+    const VT nan = hn::Set(d, std::numeric_limits<float>::quiet_NaN());
+    hn::Store(hn::IfThenElse(nan_row, nan, l_new), d, l + r);
+    hn::Store(hn::IfThenElse(nan_row, nan, m_new), d, m + r);
+    hn::Store(hn::IfThenElse(nan_row, nan, a), d, alpha + r);
   }
 
   static void online_softmax(float* HWY_RESTRICT st, index_t cols, index_t rows_p, float* HWY_RESTRICT m,
@@ -457,12 +473,18 @@ struct FlashKernel {
   // ---- Backward: P = exp(S - lse), dS = P * (dP - delta) (see ScalarKernel) ---
   // lse/delta per lane (lanes) or per column (columns); lanes are rows_p,
   // a multiple of the row alignment, so whole vectors are read and written.
+  // NaN policy as ScalarKernel: P = 0 and dS = 0 where S is -inf (masked),
+  // whatever lse and dP hold; a NaN S - lse gives NaN (hn::Exp would give 0).
   template <class DT>
   static HWY_INLINE void SoftmaxBackwardVec(const DT d, float* HWY_RESTRICT s, float* HWY_RESTRICT dp, hn::Vec<DT> lse,
                                             hn::Vec<DT> delta) {
-    const auto p = hn::Exp(d, hn::Sub(hn::LoadU(d, s), lse));
+    const auto score = hn::LoadU(d, s);
+    const auto x = hn::Sub(score, lse);
+    const auto zero = hn::Zero(d);
+    const auto masked = hn::Eq(score, hn::Set(d, -std::numeric_limits<float>::infinity()));
+    const auto p = hn::IfThenElse(masked, zero, hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x)));
     hn::StoreU(p, d, s);
-    hn::StoreU(hn::Mul(p, hn::Sub(hn::LoadU(d, dp), delta)), d, dp);
+    hn::StoreU(hn::IfThenElse(hn::Eq(p, zero), zero, hn::Mul(p, hn::Sub(hn::LoadU(d, dp), delta))), d, dp);
   }
 
   static void softmax_backward_lanes(float* HWY_RESTRICT s, float* HWY_RESTRICT dp, index_t cols, index_t rows_p,
@@ -498,7 +520,11 @@ struct FlashKernel {
   }
 
   // ---- O[r][e] = alpha[r] * O[r][e] + sum_j Pt[j][r] * V[j][e] --------------
-  template <int kRows, int kVecs>
+  // kSelect: a zero weight Pt[j][r] leaves O[r] as it is instead of adding
+  // 0 * V[j] (NaN policy, attention/softmax_state.hpp: 0 * NaN must not reach
+  // O). Only tiles that have both a zero weight and a non-finite V element
+  // take it (accumulate_pv), so the usual tile pays for the two scans only.
+  template <int kRows, int kVecs, bool kSelect>
   static HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt, index_t cols, const float* HWY_RESTRICT v,
                                  index_t v_stride, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
                                  index_t dvp) {
@@ -519,8 +545,16 @@ struct FlashKernel {
       HWY_UNROLL(8)
       for (int r = 0; r < kRows; ++r) {
         const V pr = hn::Set(d, p[r]);
-        HWY_UNROLL(8)
-        for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::MulAdd(pr, vv[e], acc[r][e]);
+        if constexpr (kSelect) {
+          // Not Ne: x86 Ne is ordered, false for a NaN weight, which must count.
+          const auto weighted = hn::Not(hn::Eq(pr, hn::Zero(d)));
+          HWY_UNROLL(8)
+          for (int e = 0; e < kVecs; ++e)
+            acc[r][e] = hn::IfThenElse(weighted, hn::MulAdd(pr, vv[e], acc[r][e]), acc[r][e]);
+        } else {
+          HWY_UNROLL(8)
+          for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::MulAdd(pr, vv[e], acc[r][e]);
+        }
       }
     }
     HWY_UNROLL(8)
@@ -530,22 +564,68 @@ struct FlashKernel {
     }
   }
 
-  // Head-dim groups outermost: every row block reads one group's slice of
-  // the V tile (64 keys x kPvVecs vectors, 16 KiB at AVX3) before the next
-  // slice, instead of the whole V tile per row block.
-  static void accumulate_pv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
-                            index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+  // Whether some weight Pt[j][r], r < rows, j < cols, is zero (a NaN weight
+  // is not). A load, compare and OR per vector of weights, against a
+  // broadcast and dvp / lanes FMAs per weight in P.V: about 2% of its
+  // instructions at dv = 128 (rows below a vector are compared one by one).
+  static bool HasZeroWeight(const float* HWY_RESTRICT pt, index_t rows, index_t cols) {
+    const D d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    const V zero = hn::Zero(d);
+    V zeros = zero;  // all-ones lanes where some weight was 0
+    for (index_t j = 0; j < cols; ++j) {
+      const float* p = pt + j * kBlockQ;
+      index_t r = 0;
+      for (; r + N <= rows; r += N) zeros = hn::Or(zeros, hn::VecFromMask(d, hn::Eq(hn::LoadU(d, p + r), zero)));
+      for (; r < rows; ++r) {
+        if (p[r] == 0.0f) return true;
+      }
+    }
+    return !hn::AllFalse(d, hn::MaskFromVec(zeros));
+  }
+
+  // Whether every element of V rows j < cols, dims < dvp, is finite.
+  static bool AllFinite(const float* HWY_RESTRICT v, index_t v_stride, index_t cols, index_t dvp) {
+    const D d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    const V zero = hn::Zero(d);
+    V bad = zero;
+    for (index_t j = 0; j < cols; ++j) {
+      for (index_t e = 0; e < dvp; e += N) {
+        bad = hn::Or(bad, hn::VecFromMask(d, hn::Not(hn::IsFinite(hn::LoadU(d, v + j * v_stride + e)))));
+      }
+    }
+    return hn::AllFalse(d, hn::MaskFromVec(bad));
+  }
+
+  template <bool kSelect>
+  static void AccumulatePv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
+                           index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
     const auto N = static_cast<index_t>(hn::Lanes(D()));
     const index_t all_vecs = dvp / N;
     for (index_t e0 = 0; e0 < all_vecs; e0 += kPvVecs) {
       WithBlockSize<kPvVecs>(all_vecs - e0, [&](auto vecs) {
         for (index_t r0 = 0; r0 < rows; r0 += kPvRows) {
           WithBlockSize<kPvRows>(rows - r0, [&](auto block_rows) {
-            PvBlock<decltype(block_rows)::value, decltype(vecs)::value>(pt + r0, cols, v + e0 * N, v_stride, alpha + r0,
-                                                                        o + r0 * dvp + e0 * N, dvp);
+            PvBlock<decltype(block_rows)::value, decltype(vecs)::value, kSelect>(
+                pt + r0, cols, v + e0 * N, v_stride, alpha + r0, o + r0 * dvp + e0 * N, dvp);
           });
         }
       });
+    }
+  }
+
+  // Head-dim groups outermost: every row block reads one group's slice of
+  // the V tile (64 keys x kPvVecs vectors, 16 KiB at AVX3) before the next
+  // slice, instead of the whole V tile per row block. The V scan runs only
+  // for tiles with a zero weight (partial tiles, underflow): there it reads
+  // the V tile once more, 1 / rows of the tile's P.V loads.
+  static void accumulate_pv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
+                            index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+    if (HasZeroWeight(pt, rows, cols) && !AllFinite(v, v_stride, cols, dvp)) {
+      AccumulatePv<true>(pt, rows, cols, v, v_stride, dvp, alpha, o);
+    } else {
+      AccumulatePv<false>(pt, rows, cols, v, v_stride, dvp, alpha, o);
     }
   }
 };

@@ -213,7 +213,8 @@ struct Bf16DotKernel {
   }
 
   // St (fp32 P, [key][row]) -> Pt2[key/2][row] bf16 pairs, in place, P
-  // rounded to nearest even (P is finite and >= 0: no NaN case needed).
+  // rounded to nearest even (P is finite and >= 0: FlashKernel's softmax
+  // never stores a NaN P, its NaN rows are NaN through alpha and l).
   // rows_v: rows to pack, a multiple of the vector length.
   static void pack_p(float* st, index_t cols, index_t rows_v) {
     const D d;
@@ -305,7 +306,11 @@ struct Bf16DotKernel {
   }
 
   // ---- O[r][e] = alpha[r] * O[r][e] + sum_jj dot2(Pt2[jj][r], Vp[jj][e]) -------
-  template <bool kHw, int kRows, int kVecs>
+  // kSelect: a V half whose P half is zero (or a bf16 denormal, which
+  // VDPBF16PS flushes to zero) is zeroed before the pair dot, so 0 * NaN never
+  // reaches O (NaN policy, attention/softmax_state.hpp). Taken only for tiles
+  // with both a zero weight and a non-finite V element (accumulate_pv).
+  template <bool kHw, int kRows, int kVecs, bool kSelect>
   static HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt2, index_t pairs, const float* HWY_RESTRICT vp,
                                  const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o, index_t dvp) {
     const D d;
@@ -326,9 +331,16 @@ struct Bf16DotKernel {
       const float* p = pt2 + jj * kBq;
       HWY_UNROLL(8)
       for (int r = 0; r < kRows; ++r) {
-        const VU pr = hn::Set(du, load_u32(p + r));
-        HWY_UNROLL(8)
-        for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, vv[e]);
+        const std::uint32_t pair = load_u32(p + r);
+        const VU pr = hn::Set(du, pair);
+        if constexpr (kSelect) {
+          const VU keep = hn::Set(du, ((pair & 0x7F80u) ? 0xFFFFu : 0u) | ((pair & 0x7F800000u) ? 0xFFFF0000u : 0u));
+          HWY_UNROLL(8)
+          for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, hn::And(vv[e], keep));
+        } else {
+          HWY_UNROLL(8)
+          for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, vv[e]);
+        }
       }
     }
     HWY_UNROLL(8)
@@ -338,22 +350,61 @@ struct Bf16DotKernel {
     }
   }
 
-  // rows: real rows (r < rows of O are updated); pairs = ceil(cols / 2). The
-  // loop order of FlashKernel::accumulate_pv.
-  template <bool kHw>
-  static void accumulate_pv(const float* HWY_RESTRICT pt2, index_t rows, index_t pairs, const float* HWY_RESTRICT vp,
-                            index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+  // Whether a bf16 half of the pair words[i * stride + c], i < n, c < width,
+  // has the exponent bits `exponent` (in bf16's 0x7F80): 0 finds zero (and
+  // denormal, flushed by VDPBF16PS) weights, 0x7F80 infinities and NaN.
+  static bool AnyHalfWithExponent(const float* HWY_RESTRICT words, index_t n, index_t width, index_t stride,
+                                  std::uint32_t exponent) {
+    const DU du;
+    const auto N = static_cast<index_t>(hn::Lanes(du));
+    const VU lo = hn::Set(du, 0x7F80u), hi = hn::Set(du, 0x7F800000u);
+    const VU want_lo = hn::Set(du, exponent & 0x7F80u), want_hi = hn::Set(du, (exponent << 16) & 0x7F800000u);
+    const auto* w = reinterpret_cast<const std::uint32_t*>(words);
+    VU found = hn::Zero(du);
+    for (index_t i = 0; i < n; ++i) {
+      index_t c = 0;
+      for (; c + N <= width; c += N) {
+        const VU x = hn::LoadU(du, w + i * stride + c);
+        found = hn::Or(found, hn::VecFromMask(du, hn::Eq(hn::And(x, lo), want_lo)));
+        found = hn::Or(found, hn::VecFromMask(du, hn::Eq(hn::And(x, hi), want_hi)));
+      }
+      for (; c < width; ++c) {
+        const std::uint32_t x = w[i * stride + c];
+        if ((x & 0x7F80u) == (exponent & 0x7F80u) || (x & 0x7F800000u) == ((exponent << 16) & 0x7F800000u)) {
+          return true;
+        }
+      }
+    }
+    return !hn::AllFalse(du, hn::MaskFromVec(found));
+  }
+
+  template <bool kHw, bool kSelect>
+  static void AccumulatePv(const float* HWY_RESTRICT pt2, index_t rows, index_t pairs, const float* HWY_RESTRICT vp,
+                           index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
     const auto N = static_cast<index_t>(hn::Lanes(D()));
     const index_t all_vecs = dvp / N;
     for (index_t e0 = 0; e0 < all_vecs; e0 += K::kPvVecs) {
       K::WithBlockSize<K::kPvVecs>(all_vecs - e0, [&](auto vecs) {
         for (index_t r0 = 0; r0 < rows; r0 += K::kPvRows) {
           K::WithBlockSize<K::kPvRows>(rows - r0, [&](auto block_rows) {
-            PvBlock<kHw, decltype(block_rows)::value, decltype(vecs)::value>(pt2 + r0, pairs, vp + e0 * N, alpha + r0,
-                                                                             o + r0 * dvp + e0 * N, dvp);
+            PvBlock<kHw, decltype(block_rows)::value, decltype(vecs)::value, kSelect>(
+                pt2 + r0, pairs, vp + e0 * N, alpha + r0, o + r0 * dvp + e0 * N, dvp);
           });
         }
       });
+    }
+  }
+
+  // rows: real rows (r < rows of O are updated); pairs = ceil(cols / 2). The
+  // loop order of FlashKernel::accumulate_pv, and its NaN policy: the select
+  // blocks only where a weight is zero and V holds a non-finite value.
+  template <bool kHw>
+  static void accumulate_pv(const float* HWY_RESTRICT pt2, index_t rows, index_t pairs, const float* HWY_RESTRICT vp,
+                            index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+    if (AnyHalfWithExponent(pt2, pairs, rows, kBq, 0u) && AnyHalfWithExponent(vp, pairs, dvp, dvp, 0x7F80u)) {
+      AccumulatePv<kHw, true>(pt2, rows, pairs, vp, dvp, alpha, o);
+    } else {
+      AccumulatePv<kHw, false>(pt2, rows, pairs, vp, dvp, alpha, o);
     }
   }
 

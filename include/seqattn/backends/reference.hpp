@@ -4,7 +4,10 @@
 // (q, kv) pair (the one the plan's BlockMask carries: the tile lists are never
 // consulted when the BlockMask has it), applies the variant's element hooks,
 // and takes an exact softmax in double precision. Slow and simple on purpose:
-// every tiled backend is checked against it element by element.
+// every tiled backend is checked against it element by element, NaN and
+// infinities included (the policy of attention/softmax_state.hpp: masked keys
+// are skipped, keys of zero weight are never read, a NaN logit or a +inf
+// logit makes the row NaN).
 #pragma once
 
 #include <algorithm>
@@ -20,6 +23,9 @@
 #include "seqattn/masks/concept.hpp"
 
 namespace seqattn::detail {
+
+// max that keeps a NaN from either side (std::max drops a NaN second argument).
+inline double nan_max(double a, double b) { return std::isnan(a) || a > b ? a : b; }
 
 // Logits of row (b, h, i) into `scores` (-inf where masked); returns their
 // max. `raw`, when given, receives the scaled scores before the variant.
@@ -45,7 +51,7 @@ double reference_logits(const AttentionProblem<T>& p, const BlockMask& mask, con
     if constexpr (HasScoreHook<V>) {
       x = variant.score(static_cast<float>(x), ScoreIndex{b, h, i, j, s.q_len, s.kv_len});
     }
-    top = std::max(top, x);
+    top = nan_max(x, top);
   }
   return top;
 }
@@ -73,7 +79,7 @@ void run_reference_forward(const AttentionProblem<T>& p, const BlockMask& mask, 
       if (sink) sink_logit = variant.sink(h);
     }
     for (index_t i = 0; i < s.q_len; ++i) {
-      const double top = std::max(sink_logit, reference_logits(p, mask, variant, b, h, i, scale, sc));
+      const double top = nan_max(reference_logits(p, mask, variant, b, h, i, scale, sc), sink_logit);
       std::fill(o.begin(), o.end(), 0.0);
       double sum = 0.0;
       if (top != neg_inf) {
@@ -82,6 +88,7 @@ void run_reference_forward(const AttentionProblem<T>& p, const BlockMask& mask, 
           if (x == neg_inf) continue;
           const double w = std::exp(x - top);
           sum += w;
+          if (w == 0.0) continue;  // zero weight: v_j is not read (it may hold NaN)
           const T* v = p.v_row(s, j, h / p.group);
           for (index_t e = 0; e < p.dv; ++e) o[static_cast<std::size_t>(e)] += w * to_float(v[e * p.v_strides.dim]);
         }
@@ -89,11 +96,13 @@ void run_reference_forward(const AttentionProblem<T>& p, const BlockMask& mask, 
       }
       T* out = p.out_row(s, i, h);
       for (index_t e = 0; e < p.dv; ++e) {
-        out[e * p.out_strides.dim] =
-            from_float<T>(sum > 0.0 ? static_cast<float>(o[static_cast<std::size_t>(e)] / sum) : 0.0f);
+        // A NaN sum (a NaN or +inf logit) gives NaN; an empty row 0.
+        out[e * p.out_strides.dim] = from_float<T>(
+            sum > 0.0 || std::isnan(sum) ? static_cast<float>(o[static_cast<std::size_t>(e)] / sum) : 0.0f);
       }
       if (float* lse = p.lse_at(s, i, h)) {
-        *lse = sum > 0.0 ? static_cast<float>(top + std::log(sum)) : -std::numeric_limits<float>::infinity();
+        *lse = sum > 0.0 || std::isnan(sum) ? static_cast<float>(top + std::log(sum))
+                                            : -std::numeric_limits<float>::infinity();
       }
     }
   });
@@ -122,13 +131,19 @@ void reference_backward_row(const BackwardProblem<T>& bp, const BlockMask& mask,
   if constexpr (HasSinkHook<V>) {
     if (variant_has_sink(variant)) sink = variant.sink(h);
   }
-  top = std::max(top, sink);
+  top = nan_max(top, sink);
   if (top == neg_inf) return;  // nothing allowed, no sink: every gradient of this row is 0
   double sum = std::exp(sink - top);
   for (double x : z) sum += std::exp(x - top);
   const double lse = top + std::log(sum);
+  // P_j = 0 for a -inf logit even when lse is NaN: hidden keys stay out of a NaN row.
+  auto weight = [&](index_t j) {
+    const double x = z[static_cast<std::size_t>(j)];
+    return x == neg_inf ? 0.0 : std::exp(x - lse);
+  };
   for (index_t j = 0; j < s.kv_len; ++j) {
-    const double pj = std::exp(z[static_cast<std::size_t>(j)] - lse);
+    const double pj = weight(j);
+    if (pj == 0.0) continue;
     for (index_t e = 0; e < p.dv; ++e)
       o[static_cast<std::size_t>(e)] += pj * at(p.v_row(s, j, kvh), p.v_strides.dim, e);
   }
@@ -136,7 +151,7 @@ void reference_backward_row(const BackwardProblem<T>& bp, const BlockMask& mask,
   for (index_t e = 0; e < p.dv; ++e) delta += at(d_o, bp.dout.strides.dim, e) * o[static_cast<std::size_t>(e)];
   sink_grad -= std::exp(sink - lse) * delta;
   for (index_t j = 0; j < s.kv_len; ++j) {
-    const double pj = std::exp(z[static_cast<std::size_t>(j)] - lse);
+    const double pj = weight(j);
     if (pj == 0.0) continue;
     const T* v = p.v_row(s, j, kvh);
     const T* k = p.k_row(s, j, kvh);

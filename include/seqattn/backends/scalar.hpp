@@ -54,15 +54,20 @@ struct ScalarKernel {
     }
   }
 
+  // max that keeps a NaN from either side (std::max drops a NaN second argument).
+  static float nan_max(float a, float b) { return std::isnan(a) || a > b ? a : b; }
+
   // One online-softmax step per row r < rows_p: m = max(m, max_j St), the
   // scores become exp(St - m), l = l * alpha + sum_j exp(St - m) with
   // alpha = exp(m_old - m). A row that has seen only -inf keeps m = -inf and
-  // uses 0 as its reference so no -inf - -inf arises.
+  // uses 0 as its reference so no -inf - -inf arises. NaN policy
+  // (attention/softmax_state.hpp): a NaN score, or a +inf one (exp(inf - inf)),
+  // makes l NaN, and then m and alpha NaN too (alpha NaN turns O NaN).
   static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
     for (index_t r = 0; r < rows_p; ++r) {
       float mx = kNegInf;
-      for (index_t j = 0; j < cols; ++j) mx = std::max(mx, st[j * kBlockQ + r]);
-      const float m_new = std::max(m[r], mx);
+      for (index_t j = 0; j < cols; ++j) mx = nan_max(st[j * kBlockQ + r], mx);
+      const float m_new = nan_max(mx, m[r]);
       const float ref = m_new == kNegInf ? 0.0f : m_new;
       alpha[r] = std::exp(m[r] - ref);
       float sum = 0.0f;
@@ -73,12 +78,15 @@ struct ScalarKernel {
       }
       l[r] = l[r] * alpha[r] + sum;
       m[r] = m_new;
+      if (std::isnan(l[r])) m[r] = alpha[r] = l[r];  // NaN rows: the whole state NaN, on every kernel alike
     }
   }
 
   // Backward: P = exp(S - lse), then dP -> dS = P * (dP - delta), with lse
   // and delta given per lane r (lanes) or per column j (columns). An lse of
-  // +inf gives P = 0 (rows that saw nothing, padding).
+  // +inf gives P = 0 (rows that saw nothing, padding). NaN policy: a masked
+  // score (-inf) gives P = 0 and dS = 0 even where lse is NaN or dP is NaN
+  // (a hidden V row); elsewhere NaN propagates.
   static void softmax_backward_lanes(float* s, float* dp, index_t cols, index_t rows_p, const float* lse,
                                      const float* delta) {
     softmax_backward<true>(s, dp, cols, rows_p, lse, delta);
@@ -93,9 +101,10 @@ struct ScalarKernel {
     for (index_t j = 0; j < cols; ++j) {
       for (index_t r = 0; r < rows_p; ++r) {
         const index_t k = kPerLane ? r : j;
-        const float p = std::exp(s[j * kBlockQ + r] - lse[k]);
+        const float x = s[j * kBlockQ + r];
+        const float p = x == kNegInf ? 0.0f : std::exp(x - lse[k]);
         s[j * kBlockQ + r] = p;
-        dp[j * kBlockQ + r] = p * (dp[j * kBlockQ + r] - delta[k]);
+        dp[j * kBlockQ + r] = p == 0.0f ? 0.0f : p * (dp[j * kBlockQ + r] - delta[k]);
       }
     }
   }
@@ -111,7 +120,9 @@ struct ScalarKernel {
     }
   }
 
-  // O[r][e] = alpha[r] * O[r][e] + sum_j Pt[j][r] * V[j][e] for r < rows, e < dvp.
+  // O[r][e] = alpha[r] * O[r][e] + sum_j Pt[j][r] * V[j][e] for r < rows, e < dvp,
+  // where a zero weight Pt[j][r] skips V[j] (NaN policy: 0 * NaN must not
+  // reach O; a masked or underflowed key's V may hold anything).
   static void accumulate_pv(const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride, index_t dvp,
                             const float* alpha, float* o) {
     for (index_t r = 0; r < rows; ++r) {
@@ -119,6 +130,7 @@ struct ScalarKernel {
       for (index_t e = 0; e < dvp; ++e) out[e] *= alpha[r];
       for (index_t j = 0; j < cols; ++j) {
         const float pj = pt[j * kBlockQ + r];
+        if (pj == 0.0f) continue;
         const float* vj = v + j * v_stride;
         for (index_t e = 0; e < dvp; ++e) out[e] += pj * vj[e];
       }

@@ -55,12 +55,10 @@ struct SegmentTable {
     }
   }
 
-  // Throws unless no query token belongs to two segments: each segment's
-  // output rows are written by that segment alone. Key ranges may be shared
-  // (segments that read one prefix) in the forward pass.
-  void require_disjoint_queries(const char* who) const { require_disjoint_ranges(q_offsets, q_lens, who, "query"); }
   // Throws unless no key token belongs to two segments: the backward pass
   // writes each segment's dK and dV rows from that segment's queries alone.
+  // (Query rows may never be shared: attention_geometry checks that. Key rows
+  // may be shared in the forward pass, by segments that read one prefix.)
   void require_disjoint_keys(const char* who) const { require_disjoint_ranges(kv_offsets, kv_lens, who, "key/value"); }
 
  private:

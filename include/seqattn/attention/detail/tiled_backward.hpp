@@ -222,12 +222,16 @@ void load_row_stats(const BackwardProblem<T>& bp, const TiledBackwardWork& w, co
 }
 
 // dS *= d logit / d score, per element, for variants with a score hook.
+// A zero dS (a masked key: NaN policy, attention/softmax_state.hpp) stays 0:
+// the raw score of a hidden key may be NaN (a NaN K row), and so its
+// derivative (softcap's 1 - tanh^2).
 template <class V>
 void apply_score_grad(const V& variant, const ScoreTile& t, float* ds, const float* raw) {
   if constexpr (HasScoreHook<V>) {
     for (index_t j = 0; j < t.cols; ++j) {
       for (index_t r = 0; r < t.rows; ++r) {
-        ds[j * t.stride + r] *= variant.score_grad(raw[j * t.stride + r], t.index(r, j));
+        float& d = ds[j * t.stride + r];
+        if (d != 0.0f) d *= variant.score_grad(raw[j * t.stride + r], t.index(r, j));
       }
     }
   }

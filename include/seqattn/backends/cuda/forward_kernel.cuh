@@ -98,6 +98,12 @@ struct MmaType<bfloat16> {
   static __device__ __forceinline__ void store2(bfloat16* p, float a, float b) {
     *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
   }
+  static __device__ __forceinline__ float to_float(const bfloat16& x) {
+    return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(&x));
+  }
+  // P as the MMA sees it (rounded to the storage type).
+  static __device__ __forceinline__ float round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+  static constexpr uint32_t kExponents = 0x7F807F80u;  // exponent bits of both halves of a word
 };
 template <>
 struct MmaType<float16> {
@@ -109,6 +115,11 @@ struct MmaType<float16> {
   static __device__ __forceinline__ void store2(float16* p, float a, float b) {
     *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
   }
+  static __device__ __forceinline__ float to_float(const float16& x) {
+    return __half2float(*reinterpret_cast<const __half*>(&x));
+  }
+  static __device__ __forceinline__ float round(float x) { return __half2float(__float2half_rn(x)); }
+  static constexpr uint32_t kExponents = 0x7C007C00u;
 };
 
 // ---- PTX wrappers.
@@ -357,6 +368,73 @@ __device__ __forceinline__ void mask_slice(const ForwardParams<T>& p, float (&s)
   }
 }
 
+// ---- NaN policy (attention/softmax_state.hpp; README, "NaN and infinity").
+// NaN scores need no test in the loop: ex2 of NaN is NaN, so the row sum l
+// (and the P.V MMA) turn NaN while fmaxf drops the NaN from the max; the
+// epilogues turn a NaN l into a NaN row and LSE. What needs care is
+// 0 * NaN: the P.V MMA multiplies every weight, also the zero weights of
+// masked keys, with V. So each thread scans the V chunks it copied into a
+// stage (8 16-byte words per thread and tile at D = 128, beside two tile
+// GEMMs), the CTA ORs the flags in the barrier it already had, and a tile
+// whose V holds a non-finite element takes pv_select instead of the MMA.
+
+// Whether a word of two 16-bit storage values holds an infinity or NaN.
+template <class T>
+__device__ __forceinline__ bool non_finite2(uint32_t w) {
+  constexpr uint32_t kExp = MmaType<T>::kExponents;
+  return __vcmpeq2(w & kExp, kExp) != 0u;
+}
+
+// Whether the chunks this thread copied into a K/V stage (load_kv_tile's
+// chunks) hold a non-finite value.
+template <int D, int kThreads, class T>
+__device__ __forceinline__ bool own_chunks_non_finite(const T* stage) {
+  constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;
+  const int chunk = threadIdx.x % kChunks, row = threadIdx.x / kChunks;
+  const T* src = stage + swizzle<D>(row, chunk * 8);
+  bool bad = false;
+#pragma unroll
+  for (int pass = 0; pass < kKeys / kRowsPerPass; ++pass) {
+    const uint4 w = *reinterpret_cast<const uint4*>(src + pass * kRowsPerPass * D);
+    bad |= non_finite2<T>(w.x) | non_finite2<T>(w.y) | non_finite2<T>(w.z) | non_finite2<T>(w.w);
+  }
+  return bad;
+}
+
+// O += P V for one m16 slice without the MMA: a weight of 0 skips the V row
+// (a select, not 0 * V). s: the slice's P as C fragments over kN * 8 keys
+// starting at key `key_begin` of the stage; o: the slice's output fragments.
+// Each weight comes from the quad lane that holds it.
+template <class T, int D, int kN>
+__device__ __forceinline__ void pv_select(const float (&s)[kN][4], float (&o)[D / 8][4], const T* v_stage,
+                                          int key_begin, int lane) {
+  using Mma = MmaType<T>;
+#pragma unroll
+  for (int nt = 0; nt < kN; ++nt) {
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc) {
+      const int from = (lane & ~3) | (kc / 2);
+      const float p0 = Mma::round(__shfl_sync(0xffffffffu, s[nt][kc % 2], from));      // row lane / 4
+      const float p1 = Mma::round(__shfl_sync(0xffffffffu, s[nt][2 + kc % 2], from));  // row lane / 4 + 8
+      const int key = key_begin + nt * 8 + kc;
+#pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd) {
+        const int col = nd * 8 + 2 * (lane % 4);
+        const float v0 = Mma::to_float(v_stage[swizzle<D>(key, col)]);
+        const float v1 = Mma::to_float(v_stage[swizzle<D>(key, col + 1)]);
+        if (p0 != 0.0f) {
+          o[nd][0] = fmaf(p0, v0, o[nd][0]);
+          o[nd][1] = fmaf(p0, v1, o[nd][1]);
+        }
+        if (p1 != 0.0f) {
+          o[nd][2] = fmaf(p1, v0, o[nd][2]);
+          o[nd][3] = fmaf(p1, v1, o[nd][3]);
+        }
+      }
+    }
+  }
+}
+
 // kScoreMod: the variant changes scores beyond the scale (softcap or ALiBi).
 // A separate instantiation keeps the plain kernel's registers for the tiles.
 template <class T, int D, bool kScoreMod>
@@ -422,7 +500,8 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(c
     } else {
       cp_async_wait<0>();
     }
-    __syncthreads();
+    const bool v_non_finite =
+        __syncthreads_or(own_chunks_non_finite<D, Cfg::kThreads>(v_smem + stage * kKeys * D)) != 0;
     const int2 entry = p.entries[e];
     const uint32_t ks = smem_addr(k_smem + stage * kKeys * D) + k_frag;
     const uint32_t vs = smem_addr(v_smem + stage * kKeys * D) + v_frag;
@@ -503,25 +582,30 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(c
       }
 
       // ---- warp_accumulate: O += P V, P reused from the score registers; each
-      // V fragment feeds kS slices.
+      // V fragment feeds kS slices. A V tile with a non-finite value: pv_select.
+      if (v_non_finite) {
 #pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        uint32_t a[kS][4];
+        for (int t = 0; t < kS; ++t) pv_select<T, D>(s[t], o[t], v_smem + stage * kKeys * D, 0, lane);
+      } else {
 #pragma unroll
-        for (int t = 0; t < kS; ++t) {
-          a[t][0] = Mma::pack(s[t][2 * kk][0], s[t][2 * kk][1]);
-          a[t][1] = Mma::pack(s[t][2 * kk][2], s[t][2 * kk][3]);
-          a[t][2] = Mma::pack(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
-          a[t][3] = Mma::pack(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
-        }
-#pragma unroll
-        for (int np = 0; np < D / 16; ++np) {
-          uint32_t b[4];
-          ldmatrix_x4_trans_at(b, (vs + kk * 16 * D * 2) ^ (32u * np));
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          uint32_t a[kS][4];
 #pragma unroll
           for (int t = 0; t < kS; ++t) {
-            mma_16816<T>(o[t][2 * np], a[t], b[0], b[1]);
-            mma_16816<T>(o[t][2 * np + 1], a[t], b[2], b[3]);
+            a[t][0] = Mma::pack(s[t][2 * kk][0], s[t][2 * kk][1]);
+            a[t][1] = Mma::pack(s[t][2 * kk][2], s[t][2 * kk][3]);
+            a[t][2] = Mma::pack(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
+            a[t][3] = Mma::pack(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
+          }
+#pragma unroll
+          for (int np = 0; np < D / 16; ++np) {
+            uint32_t b[4];
+            ldmatrix_x4_trans_at(b, (vs + kk * 16 * D * 2) ^ (32u * np));
+#pragma unroll
+            for (int t = 0; t < kS; ++t) {
+              mma_16816<T>(o[t][2 * np], a[t], b[0], b[1]);
+              mma_16816<T>(o[t][2 * np + 1], a[t], b[2], b[3]);
+            }
           }
         }
       }
@@ -557,6 +641,8 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(c
       if (l_fin > 0.0f) {
         scale_o /= l_fin;
         lse = (m_fin + __log2f(l_fin)) * kLn2;
+      } else if (isnan(l_fin)) {  // a NaN or +inf logit reached the row
+        scale_o = lse = l_fin;
       } else {
         scale_o = 0.0f;
       }
@@ -658,7 +744,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Forward
     if (e + kStages - 1 < e_end) load_kv_stage(e + kStages - 1, (it + kStages - 1) % kStages);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
-    __syncthreads();
+    const bool v_non_finite =
+        __syncthreads_or(own_chunks_non_finite<D, kDecodeThreads>(v_smem + stage * kKeys * D)) != 0;
     if (it == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
@@ -714,15 +801,19 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Forward
       }
     }
 
-    // ---- warp_accumulate: O += P V over the same 16 keys.
-    const uint32_t a[4] = {Mma::pack(sc[0][0], sc[0][1]), Mma::pack(sc[0][2], sc[0][3]), Mma::pack(sc[1][0], sc[1][1]),
-                           Mma::pack(sc[1][2], sc[1][3])};
+    // ---- warp_accumulate: O += P V over the same 16 keys (pv_select: see forward_kernel).
+    if (v_non_finite) {
+      pv_select<T, D>(sc, o, vs, col0, lane);
+    } else {
+      const uint32_t a[4] = {Mma::pack(sc[0][0], sc[0][1]), Mma::pack(sc[0][2], sc[0][3]),
+                             Mma::pack(sc[1][0], sc[1][1]), Mma::pack(sc[1][2], sc[1][3])};
 #pragma unroll
-    for (int np = 0; np < D / 16; ++np) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, vs + swizzle<D>(col0 + lane % 8 + ((lane / 8) % 2) * 8, np * 16 + (lane / 16) * 8));
-      mma_16816<T>(o[2 * np], a, b[0], b[1]);
-      mma_16816<T>(o[2 * np + 1], a, b[2], b[3]);
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vs + swizzle<D>(col0 + lane % 8 + ((lane / 8) % 2) * 8, np * 16 + (lane / 16) * 8));
+        mma_16816<T>(o[2 * np], a, b[0], b[1]);
+        mma_16816<T>(o[2 * np + 1], a, b[2], b[3]);
+      }
     }
     __syncthreads();  // the stage is overwritten next
   }
@@ -771,8 +862,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Forward
     weight[w] = fast_exp2(m_red[w * 16 + row] - shift);
     l_all += l_red[w * 16 + row] * weight[w];
   }
-  const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
-  const float lse = l_all > 0.0f ? (shift + __log2f(l_all)) * kLn2 : -INFINITY;
+  // NaN l (a NaN or +inf logit): NaN row and LSE; 0 for a row that saw nothing.
+  const float inv = l_all > 0.0f ? 1.0f / l_all : isnan(l_all) ? l_all : 0.0f;
+  const float lse = l_all > 0.0f ? (shift + __log2f(l_all)) * kLn2 : isnan(l_all) ? l_all : -INFINITY;
   T* out_row = p.out + seq.out_base + r.q * p.out_token_stride + r.head * p.out_head_stride;
   const long long at = (split * p.q_tokens + seq.q_token + r.q) * p.heads + r.head;
   for (int col = part * 2; col < p.dv; col += 16) {
@@ -821,13 +913,16 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const Forwa
     for (int s = lane; s < p.kv_splits; s += 32) sum += __expf(p.part_lse[s * split_stride + at0] - shift);
     for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
     if (p.sinks) sum += __expf(p.sinks[r.head] - shift);
-    const float lse = sum > 0.0f ? shift + __logf(sum) : -INFINITY;
+    // A NaN partial (fmaxf dropped it from mx; __expf keeps it in sum) makes
+    // the row NaN; a partial with LSE -inf has weight 0 and is not read.
+    const float lse = sum > 0.0f ? shift + __logf(sum) : isnan(sum) ? sum : -INFINITY;
     T* out_row = p.out + seq.out_base + r.q * p.out_token_stride + r.head * p.out_head_stride;
     for (int col = 2 * lane; col < p.dv; col += 64) {
-      float a0 = 0.0f, a1 = 0.0f;
+      float a0 = isnan(sum) ? sum : 0.0f, a1 = a0;
       if (sum > 0.0f) {
         for (int s = 0; s < p.kv_splits; ++s) {
           const float w = __expf(p.part_lse[s * split_stride + at0] - lse);
+          if (w == 0.0f) continue;
           const float2 v = *reinterpret_cast<const float2*>(p.part_out + (s * split_stride + at0) * p.dv + col);
           a0 += w * v.x;
           a1 += w * v.y;

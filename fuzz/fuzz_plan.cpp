@@ -299,6 +299,12 @@ void compare(Problem& p, const M& mask) {
   compare_values(got->out, want->out, kForwardTol, 0, finite, "out");
   compare_lse(got->lse, want->lse, finite);
   if (!p.backward) return;
+  // Open finding (issue 21): with non-finite inputs the backends can disagree
+  // on which gradients are NaN where a weight underflows to 0 in one
+  // precision and not in the other (Reference works in double). Until the
+  // NaN policy defines that edge for gradients, backward with non-finite
+  // inputs is compared only with SEQATTN_FUZZ_NONFINITE_BACKWARD=1.
+  if (p.nonfinite && std::getenv("SEQATTN_FUZZ_NONFINITE_BACKWARD") == nullptr) return;
   const Magnitudes mag = gradient_magnitudes(p, *want->block_mask, want->lse);
   compare_values(got->dq, want->dq, kBackwardTol, mag.dq, finite, "dq");
   compare_values(got->dk, want->dk, kBackwardTol, mag.dk, finite, "dk");

@@ -28,7 +28,7 @@ std::vector<std::uint64_t> tile(std::uint64_t row_bits) { return std::vector<std
 
 }  // namespace
 
-TEST_CASE("issue 21 #27: a moved-from AnyMask throws invalid_argument on use; copying it is fine") {
+TEST_CASE("issue 21 #27: a moved-from AnyMask throws invalid_argument on use, and copying it is fine") {
   AnyMask mask = CausalMask{};
   const AnyMask taken = std::move(mask);
   CHECK(taken.allowed({0, 0, 4, 4}, 1, 0));

@@ -22,9 +22,10 @@ the mask against the lengths and heads are checked while tracing, with the
 engine's checks: errors are ValueErrors with its message, and so are those of
 segment ids known while tracing (NumPy arrays, JAX arrays outside jit).
 Malformed traced ids can only be found while running and surface as the XLA
-runtime error raised by JAX, with seqattn's message; so does a mask holding a
-batch of its own that is a multiple of the traced batch but not the batch
-that runs (vmap folds its dims into the batch, which tracing may not see).
+runtime error raised by JAX, with seqattn's message; so does, under jit or
+vmap, a mask holding a batch of its own that is a multiple of the traced
+batch but not the batch that runs (vmap folds its dims into the batch, which
+tracing may not see). Called eagerly (concrete inputs) the batch is exact.
 """
 
 import functools
@@ -199,6 +200,8 @@ def attention(q, k, v, mask=None, *, segment_ids=None, positions=None, kv_segmen
         q.shape, k.shape, v.shape, mask, segment_ids is not None, scale, softcap, threads,
         kv_segment_ids=kv_segment_ids is not None, positions=positions is not None,
         kv_positions=kv_positions is not None,
+        # Concrete inputs: an eager call, no vmap can enlarge the batch that runs.
+        exact_batch=not any(isinstance(x, jax.core.Tracer) for x in (q, k, v)),
     )
     given = {"segment_ids": segment_ids, "kv_segment_ids": kv_segment_ids, "positions": positions,
              "kv_positions": kv_positions}

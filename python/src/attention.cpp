@@ -257,9 +257,11 @@ void check_handler_mask(const AnyMask& mask, const IdOperands& ids, index_t batc
 // one that runs. A mask with a batch of its own that is a multiple of the
 // traced batch is therefore checked for its own batch (lengths and heads
 // still exactly); one that is not a multiple fits no vmap and is refused.
+// `exact_batch`: the caller knows no vmap is in play (concrete inputs, an
+// eager call), so the batch here is the one that runs and nothing is relaxed.
 void check_attention_call(const std::vector<index_t>& q, const std::vector<index_t>& k, const std::vector<index_t>& v,
                           nb::handle mask, bool segment_ids, float scale, float softcap, std::int64_t threads,
-                          bool kv_segment_ids, bool positions, bool kv_positions) {
+                          bool kv_segment_ids, bool positions, bool kv_positions, bool exact_batch) {
   static const float probe = 0.0f;  // shape_of looks at shapes only; non-null says "has data"
   const auto view = [](const Extents& e) {
     Strides zero;
@@ -286,7 +288,8 @@ void check_attention_call(const std::vector<index_t>& q, const std::vector<index
     check_handler_mask(any, ids, traced_batch, qe[1], ke[1], shape.heads);
   } catch (const invalid_argument&) {
     const std::optional<index_t> own = !m ? std::nullopt : m->lengths ? m->lengths->batch() : m->batch;
-    const bool vmap_can_fit = own && traced_batch > 0 && *own > traced_batch && *own % traced_batch == 0;
+    const bool vmap_can_fit =
+        !exact_batch && own && traced_batch > 0 && *own > traced_batch && *own % traced_batch == 0;
     if (!vmap_can_fit) throw;
     check_handler_mask(any, ids, *own, qe[1], ke[1], shape.heads);
   }
@@ -352,6 +355,7 @@ void bind_attention(nb::module_& m) {
   m.def("_check_attention", &check_attention_call, nb::arg("q_shape"), nb::arg("k_shape"), nb::arg("v_shape"),
         nb::arg("mask").none(), nb::arg("segment_ids"), nb::arg("scale"), nb::arg("softcap"), nb::arg("threads"),
         nb::arg("kv_segment_ids") = false, nb::arg("positions") = false, nb::arg("kv_positions") = false,
+        nb::arg("exact_batch") = false,
         "The engine's checks that need no data (shapes, heads, options, the mask), for seqattn.jax at trace time.");
   m.def("_check_segment_ids", &check_segment_ids_call, nb::arg("segment_ids"), nb::arg("kv_segment_ids").none(),
         nb::arg("positions").none(), nb::arg("kv_positions").none(),

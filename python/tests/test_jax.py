@@ -202,6 +202,16 @@ def test_masks_with_their_own_batch_under_vmap_are_not_refused_while_tracing(rng
             np.testing.assert_allclose(got[i], reference(q[i], q[i], q[i], allowed[i:i + 1]), atol=2e-5)
 
 
+def test_an_eager_call_checks_a_masks_own_batch_exactly(rng):
+    # Called on concrete arrays no vmap can enlarge the batch, so a mask of 2
+    # sequences for a batch of 1 is a ValueError, not the compiled call's
+    # JaxRuntimeError (found by the atheris target).
+    q = randn(rng, 1, 4, 1, 8)
+    prefix = seqattn.PrefixLMMask(np.array([1, 3], np.int32))
+    with pytest.raises(ValueError, match=r"PrefixLMMask: prefix_lengths has shape \(2,\) but the batch has 1"):
+        sj.attention(q, q, q, prefix)
+
+
 def test_malformed_concrete_segment_ids_are_value_errors(rng):
     # Ids known while tracing (NumPy arrays, or JAX arrays outside jit) are
     # checked then; only traced ids reach the engine unchecked.

@@ -88,7 +88,9 @@ void run_reference_forward(const AttentionProblem<T>& p, const BlockMask& mask, 
           if (x == neg_inf) continue;
           const double w = std::exp(x - top);
           sum += w;
-          if (w == 0.0) continue;  // zero weight: v_j is not read (it may hold NaN)
+          // A weight that is zero in fp32, the precision of every kernel's
+          // weights, leaves v_j unread (it may hold NaN).
+          if (static_cast<float>(w) == 0.0f) continue;
           const T* v = p.v_row(s, j, h / p.group);
           for (index_t e = 0; e < p.dv; ++e) o[static_cast<std::size_t>(e)] += w * to_float(v[e * p.v_strides.dim]);
         }
@@ -139,7 +141,8 @@ void reference_backward_row(const BackwardProblem<T>& bp, const BlockMask& mask,
   // P_j = 0 for a -inf logit even when lse is NaN: hidden keys stay out of a NaN row.
   auto weight = [&](index_t j) {
     const double x = z[static_cast<std::size_t>(j)];
-    return x == neg_inf ? 0.0 : std::exp(x - lse);
+    const double w = x == neg_inf ? 0.0 : std::exp(x - lse);
+    return static_cast<float>(w) == 0.0f ? 0.0 : w;  // zero in fp32, as in the kernels: v_j and k_j unread
   };
   for (index_t j = 0; j < s.kv_len; ++j) {
     const double pj = weight(j);

@@ -4,7 +4,11 @@
 #   asan     every test under AddressSanitizer + UndefinedBehaviorSanitizer
 #   tsan     the execution (thread pool) tests under ThreadSanitizer
 #   fuzz     each libFuzzer target for SEQATTN_FUZZ_SECONDS (default 30) on its corpus
-#   python   the Python package: build into a venv under build/, then pytest
+#   python   the Python package: a wheel built from an sdist, installed into a
+#            venv under build/, then pytest against the installed package
+#   quick    not in the default list: the unit tests at -O1 (no CUDA, MPI,
+#            dispatch library, examples, benchmarks or source checks), for
+#            day-to-day work: SEQATTN_TEST_STAGES=quick
 # Env:
 #   SEQATTN_TEST_STAGES="release tsan"   run a subset of stages (default: all, in this order)
 #   SEQATTN_JOBS=N                       parallel build/test jobs (default: nproc)
@@ -44,7 +48,7 @@ for stage in $stages; do
   start=$(date +%s)
   echo "=== seqattn: stage $stage"
   case "$stage" in
-    release | asan | tsan) run_preset "$stage" ;;
+    release | asan | tsan | quick) run_preset "$stage" ;;
     fuzz)
       # Each fuzzer is one process on one core: run them two at a time.
       cmake --preset fuzz -DSEQATTN_FUZZ_SECONDS="${SEQATTN_FUZZ_SECONDS:-30}"
@@ -53,7 +57,7 @@ for stage in $stages; do
       ;;
     python) bash scripts/test-python.sh ;;
     *)
-      echo "scripts/test.sh: unknown stage '$stage' (release asan tsan fuzz python)" >&2
+      echo "scripts/test.sh: unknown stage '$stage' (release asan tsan fuzz python quick)" >&2
       exit 2
       ;;
   esac

@@ -4,8 +4,7 @@
 #if __has_include(<catch2/catch_session.hpp>)
 #include <catch2/catch_session.hpp>
 #else
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include <catch2/catch.hpp>  // the implementation is in tests/support/catch_implementation.cpp
 #endif
 
 #include <cstdio>

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The Python package's tests: a venv (numpy, nanobind, scikit-build-core,
 # pytest, jax[cpu], ml_dtypes, torch and atheris, pinned in python/requirements-test.txt;
-# cached, linked as build/python-venv), an incremental build of the package
-# into it (build dir build/python), then pytest, then the atheris fuzz target
-# (python/tests/fuzz) for SEQATTN_FUZZ_SECONDS.
+# cached, linked as build/python-venv), a wheel of the package built
+# incrementally (build dir build/python, wheel in build/python-wheel) and
+# installed into it, then pytest against the installed wheel from outside the
+# source tree (a file missing from the wheel fails), then the atheris fuzz
+# target (python/tests/fuzz) for SEQATTN_FUZZ_SECONDS.
 # Idempotent: a second run reuses the venv and the CMake build dir. Extra
 # arguments go to pytest.
 set -euo pipefail
@@ -56,15 +58,31 @@ launcher=()
 if command -v ccache >/dev/null 2>&1; then
   launcher=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
-# --no-build-isolation: build with the venv's nanobind / scikit-build-core
-# and reuse build/python between runs (incremental CMake build).
+# --no-build-isolation: build with the venv's nanobind / scikit-build-core /
+# jaxlib and reuse build/python between runs (incremental CMake build); an
+# isolated build (what `pip install .` does) would download the build
+# requirements and compile everything each run. The wheel, not the source
+# tree, is what gets tested.
+wheel_dir="$root/build/python-wheel"
+rm -rf "$wheel_dir"
 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-  "$py" -m pip install --no-build-isolation --no-deps -q \
+  "$py" -m pip wheel --no-build-isolation --no-deps -q -w "$wheel_dir" \
   --config-settings=build-dir="$build_dir" "${launcher[@]}" "$root"
-step "build + install seqattn"
+wheels=("$wheel_dir"/seqattn-*.whl)
+if [[ ${#wheels[@]} != 1 || ! -f "${wheels[0]}" ]]; then
+  echo "test-python: FAILED: expected one seqattn wheel in $wheel_dir, found: ${wheels[*]}" >&2
+  exit 1
+fi
+step "build wheel"
+"$py" -m pip install --force-reinstall --no-deps -q "${wheels[0]}"
+step "install wheel"
 
-cd "$root/python/tests"
-"$py" -m pytest -q "$@"
+# From an empty directory, so that python/ is not on sys.path and the tests
+# import the installed package (test_packaging.py checks that they do); pytest
+# puts python/tests itself on sys.path for the shared oracles module.
+outside="$(mktemp -d)"
+trap 'rm -rf "$outside"' EXIT
+(cd "$outside" && "$py" -m pytest -q -p no:cacheprovider --rootdir="$root/python/tests" "$root/python/tests" "$@")
 step "pytest"
 
 # The atheris fuzz target over the entry points (python/tests/fuzz), for

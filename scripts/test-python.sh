@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The Python package's tests: a venv (numpy, nanobind, scikit-build-core,
 # pytest, jax[cpu], ml_dtypes, torch and atheris, pinned in python/requirements-test.txt;
-# cached, linked as build/python-venv), an incremental build of the package
-# into it (build dir build/python), then pytest, then the atheris fuzz target
-# (python/tests/fuzz) for SEQATTN_FUZZ_SECONDS.
+# cached, linked as build/python-venv), an sdist (build/python-sdist), a
+# wheel built from it incrementally (build dir build/python, wheel in
+# build/python-wheel) and installed into the venv, then pytest against the
+# installed wheel from outside the source tree (a file missing from the sdist
+# or the wheel fails), then the atheris fuzz target (python/tests/fuzz) for
+# SEQATTN_FUZZ_SECONDS.
 # Idempotent: a second run reuses the venv and the CMake build dir. Extra
 # arguments go to pytest.
 set -euo pipefail
@@ -56,15 +59,74 @@ launcher=()
 if command -v ccache >/dev/null 2>&1; then
   launcher=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
-# --no-build-isolation: build with the venv's nanobind / scikit-build-core
-# and reuse build/python between runs (incremental CMake build).
-CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-  "$py" -m pip install --no-build-isolation --no-deps -q \
-  --config-settings=build-dir="$build_dir" "${launcher[@]}" "$root"
-step "build + install seqattn"
+# The wheel is built from an sdist, as a package index would build it, so a
+# file missing from the sdist fails here too. The sdist is mirrored into a
+# fixed directory, rewriting only the files whose content changed: its
+# members carry one fixed mtime, which would hide changes from the
+# incremental build (and re-extracting everything would rebuild everything).
+sdist_dir="$root/build/python-sdist"
+sdist_src="$sdist_dir/src"
+rm -f "$sdist_dir"/*.tar.gz
+mkdir -p "$sdist_dir"
+(cd "$root" && "$py" -c 'import sys; from scikit_build_core.build import build_sdist; build_sdist(sys.argv[1])' \
+  "$sdist_dir" >/dev/null)
+"$py" - "$sdist_dir"/seqattn-*.tar.gz "$sdist_src" <<'EOF'
+import pathlib
+import sys
+import tarfile
 
-cd "$root/python/tests"
-"$py" -m pytest -q "$@"
+archive, dest = sys.argv[1], pathlib.Path(sys.argv[2])
+kept = set()
+with tarfile.open(archive) as tar:
+    for member in tar.getmembers():
+        if not member.isfile():
+            continue
+        rel = pathlib.Path(*pathlib.PurePosixPath(member.name).parts[1:])
+        kept.add(rel)
+        data = tar.extractfile(member).read()
+        out = dest / rel
+        if out.is_file() and out.read_bytes() == data:
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(data)
+        out.chmod(member.mode & 0o777)
+for path in sorted(dest.rglob("*"), reverse=True):
+    if path.is_file() and path.relative_to(dest) not in kept:
+        path.unlink()
+    elif path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+EOF
+step "sdist"
+
+# --no-build-isolation: build with the venv's nanobind / scikit-build-core /
+# jaxlib and reuse build/python between runs (incremental CMake build); an
+# isolated build (what `pip install .` does) would download the build
+# requirements and compile everything each run. The wheel, not the source
+# tree, is what gets tested.
+if [[ -f "$build_dir/CMakeCache.txt" ]] &&
+  ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$sdist_src" "$build_dir/CMakeCache.txt"; then
+  rm -rf "$build_dir" # configured for another source directory (the tree, before the wheel came from the sdist)
+fi
+wheel_dir="$root/build/python-wheel"
+rm -rf "$wheel_dir"
+CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+  "$py" -m pip wheel --no-build-isolation --no-deps -q -w "$wheel_dir" \
+  --config-settings=build-dir="$build_dir" "${launcher[@]}" "$sdist_src"
+wheels=("$wheel_dir"/seqattn-*.whl)
+if [[ ${#wheels[@]} != 1 || ! -f "${wheels[0]}" ]]; then
+  echo "test-python: FAILED: expected one seqattn wheel in $wheel_dir, found: ${wheels[*]}" >&2
+  exit 1
+fi
+step "build wheel"
+"$py" -m pip install --force-reinstall --no-deps -q "${wheels[0]}"
+step "install wheel"
+
+# From an empty directory, so that python/ is not on sys.path and the tests
+# import the installed package (test_packaging.py checks that they do); pytest
+# puts python/tests itself on sys.path for the shared oracles module.
+outside="$(mktemp -d)"
+trap 'rm -rf "$outside"' EXIT
+(cd "$outside" && "$py" -m pytest -q -p no:cacheprovider --rootdir="$root/python/tests" "$root/python/tests" "$@")
 step "pytest"
 
 # The atheris fuzz target over the entry points (python/tests/fuzz), for

@@ -30,6 +30,8 @@ tracing may not see). Called eagerly (concrete inputs) the batch is exact.
 
 import functools
 import math
+import os
+import re
 
 import numpy as np
 
@@ -39,6 +41,59 @@ import jax.numpy as jnp
 from . import _core
 from ._arrays import as_int32, check_threads
 from ._core import FullMask, Mask
+
+try:
+    import jax.ffi
+except ImportError as e:  # jax.ffi became public in jax 0.5.0
+    raise ImportError(
+        f"seqattn.jax needs jax>=0.5.0 (the jax.ffi module), found jax {jax.__version__}; "
+        "pip install -U 'jax>=0.5.0'"
+    ) from e
+
+
+def _runtime_ffi_api_version():
+    """The XLA FFI API version (major, minor) of the installed jaxlib, or None where it cannot be read.
+
+    jaxlib ships the C API header of the runtime it contains; jax offers no call that reports the version.
+    """
+    try:
+        with open(os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")) as f:
+            text = f.read()
+    except (OSError, RuntimeError):
+        return None
+    major = re.search(r"^#define XLA_FFI_API_MAJOR (\d+)", text, re.M)
+    minor = re.search(r"^#define XLA_FFI_API_MINOR (\d+)", text, re.M)
+    return (int(major.group(1)), int(minor.group(1))) if major and minor else None
+
+
+def _check_ffi_api(built, runtime, built_jaxlib="unknown"):
+    """Raises ImportError when a runtime implementing FFI API ``runtime`` cannot run handlers built for ``built``.
+
+    XLA keeps older minor versions working, so a newer runtime is fine; an older minor (or another major)
+    lacks what the handlers were compiled against.
+    """
+    if built is None or runtime is None:
+        return
+    built, runtime = tuple(built), tuple(runtime)
+    where = (
+        f"seqattn's XLA FFI handlers were compiled against FFI API {built[0]}.{built[1]} (jaxlib {built_jaxlib}), "
+        f"the installed jax {jax.__version__} implements FFI API {runtime[0]}.{runtime[1]}"
+    )
+    if runtime[0] == built[0] and runtime[1] >= built[1]:
+        return
+    if runtime < built:
+        raise ImportError(
+            f"seqattn.jax: {where}, which is older; upgrade jax and jaxlib (pip install -U jax jaxlib), or build "
+            "seqattn against this jax (pip install --no-build-isolation --force-reinstall --no-deps <seqattn source>)"
+        )
+    raise ImportError(
+        f"seqattn.jax: {where}, an incompatible major version; build seqattn against this jax "
+        "(pip install --no-build-isolation --force-reinstall --no-deps <seqattn source>)"
+    )
+
+
+if _core.has_xla_ffi:
+    _check_ffi_api(_core.xla_ffi_api_version, _runtime_ffi_api_version(), _core.xla_ffi_jaxlib_version)
 
 __all__ = ["attention"]
 
@@ -55,8 +110,9 @@ def _register_targets():
         return
     if not _core.has_xla_ffi:
         raise RuntimeError(
-            "seqattn.jax: this build of seqattn has no XLA FFI handlers (jax was not installed when it was "
-            "built); reinstall seqattn with jax present"
+            "seqattn.jax: this build of seqattn has no XLA FFI handlers (jaxlib was not in its build "
+            "environment); reinstall it with build isolation (pip install --force-reinstall <seqattn source>), "
+            "which installs jaxlib to build against"
         )
     for name, capsule in _core.ffi_handlers().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")

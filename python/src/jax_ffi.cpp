@@ -22,6 +22,11 @@
 #include "seqattn/masks/document.hpp"
 
 #include "xla/ffi/api/ffi.h"
+
+// Set by python/CMakeLists.txt from the jaxlib whose headers are used.
+#ifndef SEQATTN_PY_XLA_FFI_JAXLIB_VERSION
+#define SEQATTN_PY_XLA_FFI_JAXLIB_VERSION "unknown"
+#endif
 #endif
 
 namespace seqattn::python {
@@ -221,6 +226,10 @@ XLA_FFI_DEFINE_HANDLER(kAttentionBackward, backward_impl,
 
 void bind_jax_ffi(nb::module_& m) {
   m.attr("has_xla_ffi") = true;
+  // seqattn.jax refuses a jax whose XLA runtime implements an older FFI API
+  // than the headers these handlers were compiled against.
+  m.attr("xla_ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+  m.attr("xla_ffi_jaxlib_version") = SEQATTN_PY_XLA_FFI_JAXLIB_VERSION;
   m.def("ffi_handlers", [] {
     nb::dict d;
     d["seqattn_attention_forward"] = nb::capsule(reinterpret_cast<void*>(kAttentionForward));
@@ -240,7 +249,11 @@ void bind_jax_ffi(nb::module_& m) {
 
 #else
 
-void bind_jax_ffi(nb::module_& m) { m.attr("has_xla_ffi") = false; }
+void bind_jax_ffi(nb::module_& m) {
+  m.attr("has_xla_ffi") = false;
+  m.attr("xla_ffi_api_version") = nb::none();
+  m.attr("xla_ffi_jaxlib_version") = nb::none();
+}
 
 #endif
 

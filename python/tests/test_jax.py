@@ -226,3 +226,32 @@ def test_malformed_concrete_segment_ids_are_value_errors(rng):
                      kv_positions=np.array([[-4, -3, -2, -1, 0]], np.int32))
     with pytest.raises(Exception, match="is not one contiguous run"):
         jax.block_until_ready(jax.jit(lambda q, i: sj.attention(q, q, q, segment_ids=i))(q, ids))
+
+
+def test_the_installed_jaxlib_implements_the_ffi_api_seqattn_was_built_against():
+    runtime = sj._runtime_ffi_api_version()
+    assert runtime is not None, "could not read XLA_FFI_API_MAJOR / MINOR from jaxlib's c_api.h"
+    built = seqattn._core.xla_ffi_api_version
+    assert runtime[0] == built[0] and runtime[1] >= built[1]
+    sj._check_ffi_api(built, runtime)
+
+
+@pytest.mark.parametrize("built,runtime", [((0, 3), (0, 3)), ((0, 3), (0, 4)), ((0, 1), (0, 3))])
+def test_ffi_api_check_accepts_a_runtime_at_least_as_new(built, runtime):
+    sj._check_ffi_api(built, runtime, "0.10.2")
+
+
+@pytest.mark.parametrize(
+    "built,runtime,message",
+    [((0, 3), (0, 2), "FFI API 0.3 \\(jaxlib 0.10.2\\).*FFI API 0.2, which is older; upgrade jax"),
+     ((1, 0), (0, 9), "FFI API 1.0.*FFI API 0.9, which is older"),
+     ((0, 3), (1, 0), "incompatible major version")],
+)
+def test_ffi_api_check_refuses_an_older_or_incompatible_runtime(built, runtime, message):
+    with pytest.raises(ImportError, match=message):
+        sj._check_ffi_api(built, runtime, "0.10.2")
+
+
+def test_ffi_api_check_is_silent_when_a_version_is_unknown():
+    sj._check_ffi_api(None, (0, 3))
+    sj._check_ffi_api((0, 3), None)

@@ -13,6 +13,7 @@
 #include "seqattn/seqattn.hpp"
 
 #include "support/catch.hpp"
+#include "support/engine_instances.hpp"  // the common engine configurations, compiled once
 
 using namespace seqattn;
 

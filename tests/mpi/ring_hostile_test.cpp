@@ -19,6 +19,7 @@
 #include "seqattn/masks.hpp"
 
 #include "support/catch.hpp"
+#include "support/engine_instances.hpp"  // the common engine configurations, compiled once
 
 namespace {
 

@@ -31,13 +31,17 @@
   TILED_BACKWARD(::seqattn::backends::Highway::Kernel, float, ::seqattn::variants::Default,              \
                  ::seqattn::execution::Serial)                                                           \
   TILED_BACKWARD(::seqattn::backends::Highway::Kernel, float, ::seqattn::variants::Default,              \
-                 ::seqattn::execution::ThreadPool)
+                 ::seqattn::execution::ThreadPool)                                                       \
+  TILED_BACKWARD(::seqattn::backends::Highway::Kernel, float, ::seqattn::variants::Standard,             \
+                 ::seqattn::execution::Serial)
 
 #define SEQATTN_TEST_HIGHWAY_BF16(TILED_FORWARD, TILED_BACKWARD, REFERENCE_FORWARD, REFERENCE_BACKWARD)   \
   TILED_FORWARD(::seqattn::backends::Highway::Kernel, ::seqattn::bfloat16, ::seqattn::variants::Default,  \
                 ::seqattn::execution::ThreadPool)                                                         \
   TILED_FORWARD(::seqattn::backends::Highway::Kernel, ::seqattn::bfloat16, ::seqattn::variants::Standard, \
-                ::seqattn::execution::ThreadPool)
+                ::seqattn::execution::ThreadPool)                                                         \
+  TILED_FORWARD(::seqattn::backends::Highway::Kernel, ::seqattn::bfloat16, ::seqattn::variants::Standard, \
+                ::seqattn::execution::Serial)
 
 #define SEQATTN_TEST_SCALAR(TILED_FORWARD, TILED_BACKWARD, REFERENCE_FORWARD, REFERENCE_BACKWARD) \
   TILED_FORWARD(::seqattn::backends::Scalar::Kernel, float, ::seqattn::variants::Default,         \

@@ -4,8 +4,8 @@
 // and fp16, fully masked rows, and the errors of bad calls.
 //
 // Needs a CUDA device: without one the binary prints why and exits with 77,
-// which CTest reports as skipped (SKIP_RETURN_CODE).
-#define CATCH_CONFIG_RUNNER
+// which CTest reports as skipped (SKIP_RETURN_CODE). Catch2's implementation
+// comes from seqattn_catch (tests/support/catch_implementation.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -271,6 +271,24 @@ void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_
   }
 }
 
+// SEQATTN_CUDA_SEPARATE_INSTANCES (an internal build detail of this
+// repository's tests, benchmarks and examples; cmake/SeqattnCuda.cmake): every
+// launch_forward<T, D, kScoreMod> below is compiled once, in a generated
+// instance file per configuration, instead of in every .cu that uses the
+// backend. Consumers of the header never define it and see no difference.
+#if defined(SEQATTN_CUDA_SEPARATE_INSTANCES) && !defined(SEQATTN_CUDA_INSTANCE_TU)
+#define SEQATTN_CUDA_EXTERN_LAUNCH(T, D)                                                                     \
+  extern template void launch_forward<T, D, false>(const ForwardParams<T>&, const LaunchPlan&, cudaStream_t); \
+  extern template void launch_forward<T, D, true>(const ForwardParams<T>&, const LaunchPlan&, cudaStream_t);
+SEQATTN_CUDA_EXTERN_LAUNCH(bfloat16, 64)
+SEQATTN_CUDA_EXTERN_LAUNCH(bfloat16, 128)
+SEQATTN_CUDA_EXTERN_LAUNCH(bfloat16, 256)
+SEQATTN_CUDA_EXTERN_LAUNCH(float16, 64)
+SEQATTN_CUDA_EXTERN_LAUNCH(float16, 128)
+SEQATTN_CUDA_EXTERN_LAUNCH(float16, 256)
+#undef SEQATTN_CUDA_EXTERN_LAUNCH
+#endif
+
 // Plain scores (a positive scale, nothing else) fold the scale into the
 // exponent; anything else takes the score-modifying instantiation.
 template <class T, int D>

@@ -17,6 +17,7 @@
 #include "seqattn/masks.hpp"
 
 #include "attention/attention_test_support.hpp"
+#include "support/catch_session.hpp"
 
 namespace seqattn::testing {
 namespace {
@@ -505,5 +506,5 @@ int main(int argc, char* argv[]) {
                 status == cudaSuccess ? "0 devices" : cudaGetErrorString(status));
     return 77;
   }
-  return Catch::Session().run(argc, argv);
+  return seqattn::testing::run_catch_session(argc, argv);
 }

@@ -1,16 +1,12 @@
 // Test main for the MPI tests: every rank runs the same Catch2 session, in
 // the same order, between MPI_Init and MPI_Finalize. The exit code is the
 // worst over the ranks, so mpirun (and CTest) fail when any rank fails.
-#if __has_include(<catch2/catch_session.hpp>)
-#include <catch2/catch_session.hpp>
-#else
-#include <catch2/catch.hpp>  // the implementation is in tests/support/catch_implementation.cpp
-#endif
-
 #include <cstdio>
 #include <mpi.h>
 
 #include "seqattn/core/simd.hpp"
+
+#include "support/catch_session.hpp"
 
 int main(int argc, char* argv[]) {
   MPI_Init(&argc, &argv);
@@ -21,7 +17,7 @@ int main(int argc, char* argv[]) {
     std::fprintf(stderr, "seqattn mpi tests: %d ranks, Highway static target %s\n", size,
                  seqattn::static_simd_target());
   }
-  int failed = Catch::Session().run(argc, argv);
+  int failed = seqattn::testing::run_catch_session(argc, argv);
   int worst = 0;
   MPI_Allreduce(&failed, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();

@@ -16,6 +16,7 @@
 #include <fuzzer/FuzzedDataProvider.h>
 #include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "fuzz_masks.hpp"
@@ -62,7 +63,9 @@ struct Problem {
   bool backward = false, nonfinite = false;
   Grads grads = Grads::normal;
   bool must_reject = false;  // an invalid request the engine has to refuse
-  int prebuilt = 0;          // 0: plan from the mask; 1: a BlockMask built first; 2: ... built for 1 head
+  // (kv head, dim) of every non-finite V element: see value_may_underflow.
+  std::vector<std::pair<index_t, index_t>> nonfinite_v;
+  int prebuilt = 0;  // 0: plan from the mask; 1: a BlockMask built first; 2: ... built for 1 head
 
   AttentionInputs<float> inputs() const { return {q.view(), k.view(), v.view(), thd ? &table : nullptr}; }
   Extents out_shape() const { return thd ? Extents{tq, heads, dv} : Extents{sequences, sq, heads, dv}; }
@@ -155,8 +158,10 @@ double max_finite_abs(const Tensor<float>& t) {
 // Element by element: NaN positions agree, infinities agree exactly, finite
 // values within tol * max(max finite |want|, magnitude). With finite inputs
 // there must be no NaN or infinity at all.
-void compare_values(const Tensor<float>& got, const Tensor<float>& want, double tol, double magnitude,
-                    bool finite_inputs, const char* what) {
+template <class Ambiguous = bool (*)(index_t)>
+void compare_values(
+    const Tensor<float>& got, const Tensor<float>& want, double tol, double magnitude, bool finite_inputs,
+    const char* what, Ambiguous ambiguous = [](index_t) { return false; }) {
   FUZZ_CHECK(got.shape() == want.shape(), "%s: shapes differ", what);
   const double bound = tol * std::max({max_finite_abs(want), magnitude, 1e-30});
   for (index_t i = 0; i < want.size(); ++i) {
@@ -165,6 +170,7 @@ void compare_values(const Tensor<float>& got, const Tensor<float>& want, double 
       FUZZ_CHECK(std::isfinite(a) && std::isfinite(b), "%s[%lld]: Highway %g, Reference %g from finite inputs", what,
                  (long long)i, a, b);
     }
+    if (!(std::isfinite(a) && std::isfinite(b)) && ambiguous(i)) continue;
     FUZZ_CHECK(std::isnan(a) == std::isnan(b), "%s[%lld]: Highway %g, Reference %g (NaN positions differ)", what,
                (long long)i, a, b);
     if (std::isnan(a)) continue;
@@ -296,7 +302,22 @@ void compare(Problem& p, const M& mask) {
              p.scale, p.softcap, p.sinks.size(), (long long)p.kv_splits, p.workers, int(p.grads));
   if (!want) return;
   const bool finite = !p.nonfinite;
-  compare_values(got->out, want->out, kForwardTol, 0, finite, "out");
+  // A NaN or infinity in V reaches an output element by IEEE arithmetic
+  // where its key's weight is nonzero. A weight near fp32's underflow (a logit
+  // ~87-104 below the row max) is zero or not depending on the running max
+  // at the tile that reads the key (online softmax) and, in Reference, on
+  // the final max: README, "NaN and infinity". The output elements such a V
+  // element can reach (its dim, the query heads of its kv head) are compared
+  // only where both backends give finite values.
+  const index_t group = p.heads / p.kv_heads;
+  const auto value_may_underflow = [&](index_t i) {
+    const index_t e = i % p.dv, h = (i / p.dv) % p.heads;
+    for (const auto& [kv_head, dim] : p.nonfinite_v) {
+      if (dim == e && kv_head == h / group) return true;
+    }
+    return false;
+  };
+  compare_values(got->out, want->out, kForwardTol, 0, finite, "out", value_may_underflow);
   compare_lse(got->lse, want->lse, finite);
   if (!p.backward) return;
   // Open finding (issue 21): with non-finite inputs the backends can disagree
@@ -433,7 +454,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       Tensor<float>& t = *tensors[spot % 4];
       if (t.size() == 0) continue;
       const float values[] = {kNaN, kInf, -kInf};
-      t.data()[(spot / 4) % static_cast<std::uint32_t>(t.size())] = values[(spot / 16) % 3];
+      const index_t at = (spot / 4) % static_cast<std::uint32_t>(t.size());
+      t.data()[at] = values[(spot / 16) % 3];
+      if (&t == &p.v) p.nonfinite_v.emplace_back((at / p.dv) % p.kv_heads, at % p.dv);
     }
     switch (invalid) {
       case 0:

@@ -277,7 +277,7 @@ void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_
 // instance file per configuration, instead of in every .cu that uses the
 // backend. Consumers of the header never define it and see no difference.
 #if defined(SEQATTN_CUDA_SEPARATE_INSTANCES) && !defined(SEQATTN_CUDA_INSTANCE_TU)
-#define SEQATTN_CUDA_EXTERN_LAUNCH(T, D)                                                                     \
+#define SEQATTN_CUDA_EXTERN_LAUNCH(T, D)                                                                      \
   extern template void launch_forward<T, D, false>(const ForwardParams<T>&, const LaunchPlan&, cudaStream_t); \
   extern template void launch_forward<T, D, true>(const ForwardParams<T>&, const LaunchPlan&, cudaStream_t);
 SEQATTN_CUDA_EXTERN_LAUNCH(bfloat16, 64)

@@ -15,6 +15,7 @@
 #include "seqattn/cp.hpp"
 #include "seqattn/masks.hpp"
 
+#include "mpi_test_support.hpp"
 #include "support/catch.hpp"
 #include "support/engine_instances.hpp"  // the common engine configurations, compiled once
 
@@ -22,24 +23,9 @@ namespace {
 
 using namespace seqattn;
 
-int rank_of_world() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int size_of_world() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-
-template <class T>
-Tensor<T> normal_tensor(const Extents& shape, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Tensor<T> t(shape);
-  for (auto& x : t.values()) x = from_float<T>(dist(rng));
-  return t;
-}
+using testing::random_tensor;
+using testing::world_rank;
+using testing::world_size;
 
 // Documents of 37, 100, 80, 23 and 80 tokens (ids 1..5), causal inside.
 constexpr int kDocLens[] = {37, 100, 80, 23, 80};
@@ -54,7 +40,7 @@ bool nan_out(index_t t, index_t h) { return nan_lse(t, h) || (t >= 230 && t < 24
 
 template <class T>
 void check_ring(cp::Algorithm algorithm, cp::Sharding sharding) {
-  const int rank = rank_of_world(), ranks = size_of_world();
+  const int rank = world_rank(), ranks = world_size();
   std::vector<std::int32_t> ids;
   for (int d = 0; d < 5; ++d) ids.insert(ids.end(), static_cast<std::size_t>(kDocLens[d]), d + 1);
   const Tensor<std::int32_t> id_tensor(Extents{1, kTokens}, ids);
@@ -63,8 +49,8 @@ void check_ring(cp::Algorithm algorithm, cp::Sharding sharding) {
 
   std::mt19937 rng(4321);  // the same global problem on every rank
   const Extents shape{1, kTokens, kHeads, kDim};
-  const Tensor<T> q0 = normal_tensor<T>(shape, rng), k0 = normal_tensor<T>(shape, rng),
-                  v0 = normal_tensor<T>(shape, rng);
+  const Tensor<T> q0 = random_tensor<T>(shape, rng), k0 = random_tensor<T>(shape, rng),
+                  v0 = random_tensor<T>(shape, rng);
   Tensor<T> q = q0, k = k0, v = v0;
   const T nan = from_float<T>(std::numeric_limits<float>::quiet_NaN());
   q(0, 100, 0, 3) = nan;
@@ -124,7 +110,7 @@ TEST_CASE("ring attention: NaN in one rank's shard of one document stays in the 
   for (const cp::Algorithm algorithm : {cp::Algorithm::ring, cp::Algorithm::all_gather}) {
     check_ring<float>(algorithm, cp::Sharding::contiguous);
     // DualChunkSwap splits the sequence into 2 * ranks chunks.
-    if (kTokens % (2 * size_of_world()) == 0) check_ring<float>(algorithm, cp::Sharding::dual_chunk_swap);
+    if (kTokens % (2 * world_size()) == 0) check_ring<float>(algorithm, cp::Sharding::dual_chunk_swap);
     check_ring<bfloat16>(algorithm, cp::Sharding::contiguous);
   }
 }

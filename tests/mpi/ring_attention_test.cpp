@@ -23,6 +23,7 @@
 #include "seqattn/cp.hpp"
 #include "seqattn/masks.hpp"
 
+#include "mpi_test_support.hpp"
 #include "support/catch.hpp"
 #include "support/engine_instances.hpp"  // the common engine configurations, compiled once
 
@@ -33,24 +34,9 @@ using cp::Algorithm;
 using cp::Sharding;
 using cp::ShardLayout;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
-
-template <class T>
-Tensor<T> random_tensor(const Extents& shape, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Tensor<T> t(shape);
-  for (auto& x : t.values()) x = from_float<T>(dist(rng));
-  return t;
-}
+using testing::random_tensor;
+using testing::world_rank;
+using testing::world_size;
 
 struct Problem {
   index_t heads = 2, kv_heads = 2, dk = 32, dv = 32;

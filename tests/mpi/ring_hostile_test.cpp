@@ -18,6 +18,7 @@
 #include "seqattn/cp.hpp"
 #include "seqattn/masks.hpp"
 
+#include "mpi_test_support.hpp"
 #include "support/catch.hpp"
 #include "support/engine_instances.hpp"  // the common engine configurations, compiled once
 
@@ -28,16 +29,9 @@ using cp::Algorithm;
 using cp::Sharding;
 using cp::ShardLayout;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
+using testing::random_tensor;
+using testing::world_rank;
+using testing::world_size;
 
 // What `fn` threw on this rank ("" when it did not throw), and whether the
 // exception was a seqattn::invalid_argument.

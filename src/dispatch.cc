@@ -1,5 +1,15 @@
 // Compiled once per Highway target by foreach_target.h; the best target for
 // the running CPU is chosen at the first call.
+//
+// Targets: every one Highway attains above the baseline of this TU's flags,
+// AVX3_DL included (Highway 1.0.3 builds it only on request), whose body also
+// carries the AVX512_BF16 pair-dot path (backends/highway_bf16-inl.h), run
+// where CPUID reports the instruction.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
+#define SEQATTN_DISPATCH_BF16_DOT
+
 #include "seqattn/dispatch.hpp"
 
 #include <memory>
@@ -21,6 +31,8 @@ namespace seqattn {
 namespace HWY_NAMESPACE {
 
 const char* TargetNameOfThisBody() { return hwy::TargetName(HWY_TARGET); }
+
+bool Bf16DotInstructionOfThisBody() { return Bf16DotKernel::kNative && Bf16DotKernel::instruction_available(); }
 
 // The Highway backend of this target.
 struct DispatchedHighway : backends::CpuTiled<FlashKernel> {
@@ -96,6 +108,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace seqattn {
 HWY_EXPORT(TargetNameOfThisBody);
+HWY_EXPORT(Bf16DotInstructionOfThisBody);
 HWY_EXPORT(PlanWork);
 HWY_EXPORT(ForwardF32);
 HWY_EXPORT(ForwardBF16);
@@ -104,6 +117,8 @@ HWY_EXPORT(BackwardBF16);
 
 namespace dispatch {
 const char* best_simd_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfThisBody)(); }
+
+bool bf16_dot_instruction() { return HWY_DYNAMIC_DISPATCH(Bf16DotInstructionOfThisBody)(); }
 
 BlockShape attention_block_shape() {
   return {HWY_STATIC_DISPATCH(FlashKernel)::kBlockQ, HWY_STATIC_DISPATCH(FlashKernel)::kBlockKv};

@@ -145,6 +145,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-limits"))
       limits = false;
   }
+  int devices = 0;
+  if (const cudaError_t status = cudaGetDeviceCount(&devices); status != cudaSuccess || devices == 0) {
+    // 77: CTest's bench.cuda.smoke reports Skipped, as the GPU test does.
+    std::printf("SKIPPED: bench_cuda needs a CUDA device; cudaGetDeviceCount: %s\n",
+                status == cudaSuccess ? "0 devices" : cudaGetErrorString(status));
+    return 77;
+  }
   try {
     cudaDeviceProp prop{};
     cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");

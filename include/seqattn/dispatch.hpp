@@ -35,8 +35,13 @@
 
 namespace seqattn::dispatch {
 
-// Name of the Highway target chosen for this CPU, e.g. "AVX3_ZEN4" or "AVX2".
+// Name of the Highway target chosen for this CPU, e.g. "AVX3_DL" or "AVX2".
 const char* best_simd_target();
+
+// Whether that target runs bf16 prefill on AVX512_BF16's VDPBF16PS where the
+// one-time probe finds it faster (attention/detail/bf16_dot.hpp): true on an
+// AVX3_DL CPU with AVX512_BF16 (Sapphire Rapids, Zen 4/5).
+bool bf16_dot_instruction();
 
 // The tile shape of the dispatched kernel (the same on every target).
 BlockShape attention_block_shape();

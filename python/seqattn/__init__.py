@@ -8,7 +8,16 @@ inside ``jax.jit`` through the XLA FFI.
 Errors in the inputs raise ``ValueError`` naming the argument and the shapes.
 """
 
-from . import _core
+from . import _cpu
+
+_missing = _cpu.missing_features()
+if _missing:
+    raise ImportError(
+        "seqattn needs an x86-64-v3 CPU (Intel Haswell, AMD Excavator or newer): this CPU lacks "
+        + ", ".join(_missing)
+    )
+
+from . import _core  # only after the CPU check: loading it needs the features
 from ._core import (
     Alignment,
     AttnMaskType,
@@ -53,6 +62,7 @@ from .masks import (
 )
 
 simd_target = _core.simd_target
+bf16_dot_instruction = _core.bf16_dot_instruction
 __version__ = "0.1.0"
 
 __all__ = [
@@ -80,6 +90,7 @@ __all__ = [
     "TopKMask",
     "attention",
     "attention_backward",
+    "bf16_dot_instruction",
     "block_mask",
     "get_seqlens_and_offsets",
     "pack_bits",

@@ -1,5 +1,6 @@
-// Attention on the CPU engine (Highway backend, this module's static SIMD
-// target) for NumPy / DLPack arrays: forward (out, LSE) and backward.
+// Attention on the CPU engine (backends::Dispatched: the Highway kernels of the
+// best target this CPU has, src/dispatch.cc) for NumPy / DLPack arrays:
+// forward (out, LSE) and backward.
 #include "seqattn/attention.hpp"
 
 #include <map>
@@ -16,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "seqattn/dispatch.hpp"
 #include "seqattn/masks/document.hpp"
 
 #include "bindings.hpp"
@@ -101,7 +103,7 @@ void with_checked_plan(const EngineCall& call, const AttentionInputs<T>& in, boo
   const AnyMask mask = call.mask ? *call.mask : AnyMask();
   PlanOptions options;
   options.backward = backward;
-  const auto plan = plan_attention<backends::Highway>(shape, mask, options, threads);
+  const auto plan = plan_attention<backends::Dispatched>(shape, mask, options, threads);
   const variants::Standard variant{call.scale, {call.softcap}, {call.sinks}};
   detail::check_variant(variant, shape);
   body([&](auto&& fn) { with_executor(threads, [&](auto& exec) { fn(plan, in, variant, exec); }); });

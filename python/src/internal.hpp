@@ -153,8 +153,8 @@ void bind_masks(nb::module_& m);
 void bind_attention(nb::module_& m);
 void bind_jax_ffi(nb::module_& m);
 
-// The engine, shared by the NumPy bindings and the XLA FFI handlers (so the
-// Highway kernels are compiled in one translation unit). Outputs are
+// The engine, shared by the NumPy bindings and the XLA FFI handlers: the
+// runtime-dispatched kernels (backends::Dispatched, src/dispatch.cc). Outputs are
 // caller-allocated; the caller has set them to 0 / -inf where tokens may stay
 // unwritten (THD gaps). Threads: 0 = all hardware threads; pools are cached.
 struct EngineCall {

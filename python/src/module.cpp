@@ -4,7 +4,7 @@
 
 #include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
-#include "seqattn/core/simd.hpp"
+#include "seqattn/dispatch.hpp"
 #include "seqattn/version.hpp"
 
 #include "bindings.hpp"
@@ -27,7 +27,10 @@ NB_MODULE(_core, m) {
       PyErr_SetString(PyExc_MemoryError, e.what());
     }
   });
-  m.attr("simd_target") = seqattn::static_simd_target();
+  // The kernels' target, chosen for this CPU (src/dispatch.cc), and whether
+  // bf16 prefill may use AVX512_BF16's pair dot there.
+  m.attr("simd_target") = seqattn::dispatch::best_simd_target();
+  m.attr("bf16_dot_instruction") = seqattn::dispatch::bf16_dot_instruction();
   m.attr("MAX_THREADS") = seqattn::limits::kMaxThreads;
   seqattn::python::bind_descriptors(m);
   seqattn::python::bind_masks(m);

@@ -5,7 +5,8 @@
 // native path runs the emulated pair dot: the same layouts, packing, tails and
 // P rounding, so this file tests the path on every target; the instruction
 // itself is tested where the binary is built for it (scripts/
-// build-cpu-bundle.sh) and run on such a CPU.
+// build-cpu-bundle.sh) and run on such a CPU, and through the runtime-dispatch
+// library (backends::Dispatched, whose AVX3_DL body has it) on any CPU with it.
 //
 // Tolerances. The reference runs in fp32 on the exact fp32 values of the bf16
 // inputs and writes fp32. The native path computes q.k exactly up to fp32
@@ -27,6 +28,11 @@
 
 #include "seqattn/backends/highway.hpp"
 #include "seqattn/masks.hpp"
+#if defined(SEQATTN_TEST_DISPATCH)
+#include <string_view>
+
+#include "seqattn/dispatch.hpp"
+#endif
 
 #include "attention_test_support.hpp"
 
@@ -107,12 +113,12 @@ struct Run {
   std::uint64_t native_tasks = 0;
 };
 
-template <class M, class Var>
+template <class Backend = backends::Highway, class M, class Var>
 Run run_highway(const Case& x, const M& mask, const Var& variant, Bf16DotPath path, int workers, index_t kv_splits) {
   const PathScope scope(path);
   Run r{Tensor<bfloat16>(x.out_shape(), from_float<bfloat16>(7.0f)), Tensor<float>(x.lse_shape(), 7.0f)};
   execution::ThreadPool pool(workers);
-  const auto plan = plan_attention<backends::Highway>(shape_of(x.in()), mask, PlanOptions{kv_splits}, workers);
+  const auto plan = plan_attention<Backend>(shape_of(x.in()), mask, PlanOptions{kv_splits}, workers);
   const std::uint64_t before = bf16_native_tasks();
   attention_forward(plan, x.in(), r.out.view(), r.lse.view(), variant, pool);
   r.native_tasks = bf16_native_tasks() - before;
@@ -146,12 +152,12 @@ double check_elements(const Tensor<bfloat16>& got, const Tensor<float>& want, do
 
 // Forced native and forced widen against the reference and each other.
 // expect_native: whether the native path should have taken any task.
-template <class M, class Var>
+template <class Backend = backends::Highway, class M, class Var>
 void check_case(const Case& x, const M& mask, const Var& variant, bool expect_native, int workers = 2,
                 index_t kv_splits = 0) {
   const auto [want, want_lse] = run_reference(x, mask, variant);
-  const Run native = run_highway(x, mask, variant, Bf16DotPath::native, workers, kv_splits);
-  const Run widen = run_highway(x, mask, variant, Bf16DotPath::widen, workers, kv_splits);
+  const Run native = run_highway<Backend>(x, mask, variant, Bf16DotPath::native, workers, kv_splits);
+  const Run widen = run_highway<Backend>(x, mask, variant, Bf16DotPath::widen, workers, kv_splits);
   const double vmax = x.max_abs_v();
   INFO("sq " << x.sq << " skv " << x.skv << " heads " << x.heads << "/" << x.kv_heads << " d " << x.d);
   CHECK(widen.native_tasks == 0);
@@ -283,3 +289,33 @@ TEST_CASE("bf16 dot path: automatic choice and bad settings", "[bf16_dot]") {
   CHECK_THROWS_AS(set_bf16_dot_path(static_cast<Bf16DotPath>(3)), std::invalid_argument);
   CHECK(bf16_dot_path() == static_cast<Bf16DotPath>(SEQATTN_BF16_DOT));
 }
+
+#if defined(SEQATTN_TEST_DISPATCH)
+// The runtime-dispatch library compiles the instruction into its AVX3_DL body
+// and runs it where CPUID reports AVX512_BF16: the same checks through
+// backends::Dispatched (with the instruction on such a CPU, the emulation on
+// other AVX3_DL CPUs, and the other targets' emulation elsewhere).
+TEST_CASE("bf16 dot path: the runtime-dispatched kernels", "[bf16_dot][dispatch]") {
+  const std::string_view target = dispatch::best_simd_target();
+  INFO("dispatched target " << target);
+  CHECK(dispatch::bf16_dot_instruction() == (target == "AVX3_DL" && detail::cpu_has_avx512_bf16()));
+  std::mt19937 rng(1308);
+  SECTION("causal, bottom-right, GQA 6/2, d = 80") {
+    const Case x(rng, 2, 200, 203, 6, 2, 80);
+    check_case<backends::Dispatched>(x, CausalMask{Alignment::bottom_right}, variants::Default{}, true);
+  }
+  SECTION("documents with empty segments, sinks") {
+    const Case x(rng, 1, 203, 203, 4, 2, 72);
+    const std::vector<float> sinks{0.5f, -1.0f, 0.0f, 2.0f};
+    check_case<backends::Dispatched>(x, TestDocumentMask{{37, 0, 5, 90, 0, 1, 70}}, variants::Sinks{sinks}, true);
+  }
+  SECTION("kv splits, d = 33") {
+    const Case x(rng, 1, 140, 300, 4, 4, 33);
+    check_case<backends::Dispatched>(x, FullMask{}, variants::Default{}, true, 2, 3);
+  }
+  SECTION("decode stays on the widening path") {
+    const Case x(rng, 2, 1, 300, 8, 2, 128);
+    check_case<backends::Dispatched>(x, CausalMask{Alignment::bottom_right}, variants::Default{}, false);
+  }
+}
+#endif

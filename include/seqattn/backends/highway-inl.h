@@ -81,8 +81,13 @@
 // bf16 kernel bodies (highway_bf16-inl.h uses VDPBF16PS only in the first).
 // The kernels live in an inline namespace named for that, as backends::Highway
 // does for the target, so the linker never merges the two bodies.
+// src/dispatch.cc (SEQATTN_DISPATCH_BF16_DOT) compiles the instruction into
+// its AVX3_DL body function by function and checks the CPU at run time: a
+// third kind of body, so a third name.
 #if defined(__AVX512BF16__)
 #define SEQATTN_KERNEL_ISA isa_bf16
+#elif defined(SEQATTN_DISPATCH_BF16_DOT)
+#define SEQATTN_KERNEL_ISA isa_dispatch
 #else
 #define SEQATTN_KERNEL_ISA isa_base
 #endif

@@ -36,9 +36,13 @@
 //     relative error <= 2^-8 (bf16's unit roundoff: 8 significant bits), so
 //     |dO| <= 2^-8 * max|V| per output element, and for random data an NMSE
 //     of about 2^-16 / 3 (tests/attention/bf16_dot_test.cpp).
-// The instruction is used only where the target is AVX-512 and the compiler
+// The instruction is compiled in where the target is AVX-512 and the compiler
 // targets AVX512_BF16 (__AVX512BF16__: -march=sapphirerapids, cooperlake,
-// znver4 ...). Every other target runs the same layouts with an emulated pair
+// znver4 ...), and in the AVX3_DL body of the runtime-dispatch TU
+// (src/dispatch.cc defines SEQATTN_DISPATCH_BF16_DOT): there the functions
+// below get the instruction through their target attribute only, and it runs
+// only where CPUID reports AVX512_BF16 (AVX3_DL CPUs without it: Ice Lake,
+// Tiger Lake). Every other target runs the same layouts with an emulated pair
 // dot (widen each half with a shift or a mask, two fp32 FMAs, the same order
 // of additions as the instruction): the widening path's FMAs plus the splits
 // of the broadcast operand, never faster than widening, so it is never chosen
@@ -108,7 +112,27 @@
 
 #include <hwy/highway.h>
 
+// Where VDPBF16PS is compiled in for this target's body: 0 nowhere; 1 the
+// whole TU targets AVX512_BF16 (a CPU without it cannot run the binary); 2 the
+// functions of this file only (their target attribute), used after a CPUID
+// check.
+#undef SEQATTN_BF16_DOT_INSTRUCTION
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && defined(__AVX512BF16__)
+#define SEQATTN_BF16_DOT_INSTRUCTION 1
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL && defined(SEQATTN_DISPATCH_BF16_DOT) && \
+    (HWY_COMPILER_GCC_ACTUAL || HWY_COMPILER_CLANG)
+#define SEQATTN_BF16_DOT_INSTRUCTION 2
+#else
+#define SEQATTN_BF16_DOT_INSTRUCTION 0
+#endif
+
 HWY_BEFORE_NAMESPACE();
+#if SEQATTN_BF16_DOT_INSTRUCTION == 2
+// Replace the target attribute, not nest a second one: clang keeps only the
+// outer attribute of nested pushes.
+HWY_POP_ATTRIBUTES
+HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512bf16")
+#endif
 namespace seqattn::HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
@@ -125,11 +149,16 @@ struct Bf16DotKernel {
   static constexpr index_t kBkv = K::kBlockKv;
 
   // Whether this target's body has the instruction (see the header comment).
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && defined(__AVX512BF16__)
-  static constexpr bool kNative = true;
+  static constexpr bool kNative = SEQATTN_BF16_DOT_INSTRUCTION != 0;
+
+  // Whether this CPU can run it (the binary's flags vouch for it, or CPUID).
+  static bool instruction_available() {
+#if SEQATTN_BF16_DOT_INSTRUCTION == 2
+    return detail::cpu_has_avx512_bf16();
 #else
-  static constexpr bool kNative = false;
+    return kNative;
 #endif
+  }
 
   static HWY_INLINE std::uint32_t pair_bits(const std::uint16_t* p) {
     // One 32-bit load on little-endian targets; correct on any byte order.
@@ -148,7 +177,7 @@ struct Bf16DotKernel {
   // acc + a.lo * b.lo + a.hi * b.hi per 32-bit lane; kHw: the instruction.
   template <bool kHw>
   static HWY_INLINE V PairDot(V acc, VU a, VU b) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && defined(__AVX512BF16__)
+#if SEQATTN_BF16_DOT_INSTRUCTION != 0
     if constexpr (kHw) return V{_mm512_dpbf16_ps(acc.raw, (__m512bh)a.raw, (__m512bh)b.raw)};
 #endif
     const D d;
@@ -473,11 +502,11 @@ struct Bf16DotKernel {
   static void probe_seconds(double& widen, double& native) {
     ProbeTile tile;
     tile.widen();
-    tile.template native<kNative>();
+    tile.template native<true>();
     widen = native = 1e30;
     for (int round = 0; round < 2; ++round) {
       widen = std::min(widen, best_seconds([&] { tile.widen(); }, 3));
-      native = std::min(native, best_seconds([&] { tile.template native<kNative>(); }, 3));
+      native = std::min(native, best_seconds([&] { tile.template native<true>(); }, 3));
     }
   }
 
@@ -492,6 +521,7 @@ struct Bf16DotKernel {
       return false;
     } else {
       static const bool faster = [] {
+        if (!instruction_available()) return false;
         double widen = 0, native = 0;
         probe_seconds(widen, native);
         return native < widen;
@@ -526,10 +556,10 @@ struct Bf16DotKernel {
       if (u.kv_groups > 1 && u.group_rows() % N != 0) return false;
       if (!use_native()) return false;
       detail::bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
-      if constexpr (kNative) {
-        run_native<true>(c, task, sc);
+      if (kNative && instruction_available()) {
+        run_native<kNative>(c, task, sc);
       } else {
-        run_native<false>(c, task, sc);
+        run_native<false>(c, task, sc);  // the emulation (SEQATTN_BF16_DOT=1 or set_bf16_dot_path)
       }
       return true;
     }

@@ -14,8 +14,8 @@
 //      (two fp32 FMAs per pair: 15-20 % slower than widening on one
 //      Cascade Lake tile) runs instead, so the
 //      path's arithmetic can be tested on any CPU;
-//   2  automatic (default): native only where the instruction is compiled in
-//      and a one-time probe finds it faster on this CPU (see
+//   2  automatic (default): native only where the instruction is compiled in,
+//      the CPU has it, and a one-time probe finds it faster on this CPU (see
 //      Bf16DotKernel::native_is_faster), else widen.
 // set_bf16_dot_path() changes it at run time (tests force both paths).
 //
@@ -26,6 +26,9 @@
 
 #include <atomic>
 #include <cstdint>
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/tensor.hpp"
@@ -53,6 +56,23 @@ inline std::atomic<int>& bf16_dot_path_setting() {
 inline std::atomic<std::uint64_t>& bf16_native_task_count() {
   static std::atomic<std::uint64_t> count{0};
   return count;
+}
+
+// CPUID: AVX512_BF16 (leaf 7, sub-leaf 1, EAX bit 5). The AVX-512 state the
+// instruction needs is the OS's to enable, which Highway checked before it
+// chose an AVX3 target, the only targets that ask.
+inline bool cpu_has_avx512_bf16() {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || a < 1) return false;  // no leaf 7 or no sub-leaf 1
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+    return ((a >> 5) & 1u) != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
 }
 
 template <class Kernel>

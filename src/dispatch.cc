@@ -12,7 +12,11 @@
 
 #include "seqattn/dispatch.hpp"
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/plan.hpp"
@@ -119,6 +123,29 @@ namespace dispatch {
 const char* best_simd_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfThisBody)(); }
 
 bool bf16_dot_instruction() { return HWY_DYNAMIC_DISPATCH(Bf16DotInstructionOfThisBody)(); }
+
+std::vector<std::string> available_simd_targets() {
+  std::vector<std::string> names;
+  const std::int64_t runnable = HWY_TARGETS & hwy::SupportedTargets();
+  // Highway's target bits: a lower bit is a better target.
+  for (std::int64_t rest = runnable; rest != 0; rest &= rest - 1) names.emplace_back(hwy::TargetName(rest & -rest));
+  return names;
+}
+
+void use_simd_target_for_test(std::string_view name) {
+  std::int64_t chosen = 0;
+  if (!name.empty()) {
+    hwy::SetSupportedTargetsForTest(0);  // the CPU's own set, to look the name up in
+    const std::int64_t runnable = HWY_TARGETS & hwy::SupportedTargets();
+    for (std::int64_t rest = runnable; rest != 0; rest &= rest - 1) {
+      if (name == hwy::TargetName(rest & -rest)) chosen = rest & -rest;
+    }
+    seqattn::detail::require(chosen != 0, "dispatch::use_simd_target_for_test: '", name,
+                             "' is not one of the targets compiled in that this CPU runs");
+  }
+  hwy::SetSupportedTargetsForTest(chosen);  // 0: no mock
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
 
 BlockShape attention_block_shape() {
   return {HWY_STATIC_DISPATCH(FlashKernel)::kBlockQ, HWY_STATIC_DISPATCH(FlashKernel)::kBlockKv};

@@ -21,7 +21,10 @@
 
 #include <concepts>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/inputs.hpp"
@@ -42,6 +45,15 @@ const char* best_simd_target();
 // one-time probe finds it faster (attention/detail/bf16_dot.hpp): true on an
 // AVX3_DL CPU with AVX512_BF16 (Sapphire Rapids, Zen 4/5).
 bool bf16_dot_instruction();
+
+// The targets compiled into the library that this CPU can run, best first.
+std::vector<std::string> available_simd_targets();
+
+// Tests: run `name` (one of available_simd_targets()) from now on, as if it
+// were the CPU's best, so one process checks every target's kernels; an empty
+// name restores the CPU's own choice. Not for concurrent use with attention
+// calls; a plan made before the switch refuses to run after it.
+void use_simd_target_for_test(std::string_view name);
 
 // The tile shape of the dispatched kernel (the same on every target).
 BlockShape attention_block_shape();

@@ -1,6 +1,9 @@
 // NB_MODULE of seqattn._core: the pieces in the order they depend on each other.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 #include <stdexcept>
+#include <string>
 
 #include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
@@ -31,6 +34,18 @@ NB_MODULE(_core, m) {
   // bf16 prefill may use AVX512_BF16's pair dot there.
   m.attr("simd_target") = seqattn::dispatch::best_simd_target();
   m.attr("bf16_dot_instruction") = seqattn::dispatch::bf16_dot_instruction();
+  // Tests run every target's kernels in one process (src/dispatch.cc).
+  m.def("_available_simd_targets", &seqattn::dispatch::available_simd_targets,
+        "The SIMD targets compiled into the module that this CPU runs, best first.");
+  m.def(
+      "_use_simd_target_for_test",
+      [](const std::string& name) {
+        seqattn::dispatch::use_simd_target_for_test(name);
+        return std::string(seqattn::dispatch::best_simd_target());
+      },
+      nb::arg("name"),
+      "Tests only: run the kernels of target `name` from now on ('' restores the CPU's choice); "
+      "returns the target now chosen.");
   m.attr("MAX_THREADS") = seqattn::limits::kMaxThreads;
   seqattn::python::bind_descriptors(m);
   seqattn::python::bind_masks(m);

@@ -198,3 +198,27 @@ def attention(q, k, v, allowed, scale=None, softcap=0.0):
         p = np.where(denom > 0, p / np.where(denom > 0, denom, 1), 0.0)
     out = np.einsum("bhqk,bkhd->bqhd", p, vv)
     return out, lse
+
+
+def attention_grads(q, k, v, allowed, dout, scale=None):
+    """Gradients (dq, dk, dv) of sum(out * dout) for attention(...) in float64, GQA heads summed into dk/dv."""
+    q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
+    b, sq, hq, dk = q.shape
+    hkv = k.shape[2]
+    group = hq // hkv
+    scale = 1.0 / np.sqrt(dk) if scale is None else scale
+    kk = np.repeat(k, group, axis=2)
+    vv = np.repeat(v, group, axis=2)
+    out, lse = attention(q, k, v, allowed, scale=scale)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    allowed = np.broadcast_to(allowed, s.shape)
+    finite = np.isfinite(lse)[..., None]
+    p = np.where(allowed & finite, np.exp(s - np.where(finite, lse[..., None], 0.0)), 0.0)
+    dvv = np.einsum("bhqk,bqhd->bkhd", p, dout)
+    dp = np.einsum("bqhd,bkhd->bhqk", dout, vv)
+    delta = np.einsum("bqhd,bqhd->bhq", dout, out)[..., None]
+    ds = p * (dp - delta) * scale
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, kk)
+    dkk = np.einsum("bhqk,bqhd->bkhd", ds, q)
+    fold = lambda x: x.reshape(b, x.shape[1], hkv, group, x.shape[-1]).sum(3)  # noqa: E731
+    return dq, fold(dkk), fold(dvv)

@@ -5,6 +5,8 @@
 #include "seqattn/dispatch.hpp"
 
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_test_support.hpp"
@@ -107,5 +109,46 @@ TEST_CASE("dispatch: backends::Dispatched works with plan_attention, forward and
   one_call.sinks = sink_logits;
   attention_forward<backends::Dispatched>(in, mask, out.view(), lse.view(), one_call, pool);
   CHECK(compare(out, want_out).relative() <= 1e-5);
+}
+// Every compiled target this CPU runs, through the whole engine: the CPU's
+// best is what the other tests see; the rest are selected one at a time.
+TEST_CASE("dispatch: every available target runs forward and backward", "[attention][dispatch]") {
+  const std::vector<std::string> targets = dispatch::available_simd_targets();
+  REQUIRE_FALSE(targets.empty());
+  CHECK(targets.front() == dispatch::best_simd_target());
+  std::mt19937 rng(53);
+  const auto q = random_tensor<float>({1, 203, 4, 80}, rng);
+  const auto k = random_tensor<float>({1, 203, 2, 80}, rng);
+  const auto v = random_tensor<float>({1, 203, 2, 80}, rng);
+  const auto dout = random_tensor<float>({1, 203, 4, 80}, rng);
+  const AttentionInputs<float> in{q.view(), k.view(), v.view()};
+  const TestDocumentMask mask{{37, 0, 5, 90, 0, 71}};
+  PlanOptions options;
+  options.backward = true;
+  const variants::Standard variant{0.2f, {15.0f}, {}};
+  auto run = [&]<class Backend>() {
+    execution::ThreadPool pool(2);
+    const auto plan = plan_attention<Backend>(shape_of(in), mask, options, pool.workers());
+    Tensor<float> out(q.shape()), lse({1, 4, 203}), dq(q.shape()), dk(k.shape()), dv(v.shape());
+    attention_forward(plan, in, out.view(), lse.view(), variant, pool);
+    attention_backward(plan, in, out.view(), lse.view(), dout.view(), {dq.view(), dk.view(), dv.view()}, variant, pool);
+    return std::tuple{std::move(out), std::move(lse), std::move(dq), std::move(dk), std::move(dv)};
+  };
+  const auto [want_out, want_lse, want_dq, want_dk, want_dv] = run.operator()<backends::Reference>();
+  for (const std::string& target : targets) {
+    INFO("target " << target);
+    dispatch::use_simd_target_for_test(target);
+    CHECK(dispatch::best_simd_target() == target);
+    const auto [out, lse, dq, dk, dv] = run.operator()<backends::Dispatched>();
+    CHECK(compare(out, want_out).relative() <= 1e-5);
+    check_lse(lse, want_lse, 1e-5);
+    CHECK(compare(dq, want_dq).relative() <= 2e-4);
+    CHECK(compare(dk, want_dk).relative() <= 2e-4);
+    CHECK(compare(dv, want_dv).relative() <= 2e-4);
+  }
+  dispatch::use_simd_target_for_test("");
+  CHECK(dispatch::best_simd_target() == targets.front());
+  CHECK_THROWS_WITH(dispatch::use_simd_target_for_test("NEON"),
+                    Catch::Matchers::Contains("'NEON' is not one of the targets compiled in"));
 }
 #endif  // SEQATTN_TEST_DISPATCH

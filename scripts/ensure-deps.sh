@@ -1,11 +1,11 @@
 # Sourced by the other scripts: installs the Debian packages seqattn's build,
 # tests, examples and benchmarks need, when any is missing. Needs root or sudo
 # only when something must be installed.
-# ccache: compiler cache for scripts/test.sh. clang + libclang-rt-14-dev:
+# ccache and ninja-build: compiler cache and build tool for scripts/test.sh. clang + libclang-rt-14-dev:
 # libFuzzer (fuzz stage). libopenmpi-dev + openmpi-bin: ring attention over
 # MPI. python3-dev + python3-venv: the Python package (python stage). doxygen:
 # the API reference (target seqattn_docs, checked by CTest docs.api_reference).
-seqattn_packages=(cmake make g++ libhwy-dev catch2 libbenchmark-dev clang-format ccache clang libclang-rt-14-dev
+seqattn_packages=(cmake make ninja-build g++ libhwy-dev catch2 libbenchmark-dev clang-format ccache clang libclang-rt-14-dev
   libopenmpi-dev openmpi-bin python3-dev python3-venv doxygen)
 
 seqattn_missing=()

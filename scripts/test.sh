@@ -47,11 +47,37 @@ if command -v ccache >/dev/null 2>&1; then
   export CCACHE_BASEDIR="$PWD"
   export CCACHE_NOHASHDIR=1
   export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+  # Depend mode: a miss compiles once, instead of preprocessing first to
+  # hash the result (about 2 s of our headers per file, a fifth of a cold build).
+  export CCACHE_DEPEND=1
 fi
+
+# Ninja (ensure-deps installs it): it starts a file's compile as soon as its
+# own inputs exist, where CMake's Makefiles wait for every dependency target
+# of its target. A build folder keeps the generator it was made with.
+generator_for() {
+  local cache="build/$1/CMakeCache.txt"
+  if [[ -f "$cache" ]]; then
+    sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$cache"
+  elif command -v ninja >/dev/null 2>&1; then
+    echo Ninja
+  fi
+}
+
+configure() {
+  local preset=$1 generator
+  shift
+  generator=$(generator_for "$preset")
+  if [[ -n "$generator" ]]; then
+    CMAKE_GENERATOR="$generator" cmake --preset "$preset" "$@"
+  else
+    cmake --preset "$preset" "$@"
+  fi
+}
 
 run_preset() {
   local preset=$1
-  cmake --preset "$preset"
+  configure "$preset"
   cmake --build --preset "$preset" -j "$jobs"
   ctest --preset "$preset" -j "$jobs"
 }
@@ -64,7 +90,7 @@ for stage in $stages; do
     release | asan | tsan | quick) run_preset "$stage" ;;
     fuzz)
       # Each fuzzer is one process on one core: run them two at a time.
-      cmake --preset fuzz -DSEQATTN_FUZZ_SECONDS="${SEQATTN_FUZZ_SECONDS:-30}"
+      configure fuzz -DSEQATTN_FUZZ_SECONDS="${SEQATTN_FUZZ_SECONDS:-30}"
       cmake --build --preset fuzz -j "$jobs"
       ctest --preset fuzz -j "$jobs"
       ;;

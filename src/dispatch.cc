@@ -124,24 +124,34 @@ const char* best_simd_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOfThisBod
 
 bool bf16_dot_instruction() { return HWY_DYNAMIC_DISPATCH(Bf16DotInstructionOfThisBody)(); }
 
+namespace {
+// The compiled targets this CPU runs, read once, before use_simd_target_for_test
+// can have mocked hwy::SupportedTargets().
+std::int64_t runnable_targets() {
+  static const std::int64_t runnable = HWY_TARGETS & hwy::SupportedTargets();
+  return runnable;
+}
+}  // namespace
+
 std::vector<std::string> available_simd_targets() {
   std::vector<std::string> names;
-  const std::int64_t runnable = HWY_TARGETS & hwy::SupportedTargets();
   // Highway's target bits: a lower bit is a better target.
-  for (std::int64_t rest = runnable; rest != 0; rest &= rest - 1) names.emplace_back(hwy::TargetName(rest & -rest));
+  for (std::int64_t rest = runnable_targets(); rest != 0; rest &= rest - 1) {
+    names.emplace_back(hwy::TargetName(rest & -rest));
+  }
   return names;
 }
 
 void use_simd_target_for_test(std::string_view name) {
   std::int64_t chosen = 0;
   if (!name.empty()) {
-    hwy::SetSupportedTargetsForTest(0);  // the CPU's own set, to look the name up in
-    const std::int64_t runnable = HWY_TARGETS & hwy::SupportedTargets();
-    for (std::int64_t rest = runnable; rest != 0; rest &= rest - 1) {
+    for (std::int64_t rest = runnable_targets(); rest != 0; rest &= rest - 1) {
       if (name == hwy::TargetName(rest & -rest)) chosen = rest & -rest;
     }
     seqattn::detail::require(chosen != 0, "dispatch::use_simd_target_for_test: '", name,
                              "' is not one of the targets compiled in that this CPU runs");
+  } else {
+    runnable_targets();  // read before any mock
   }
   hwy::SetSupportedTargetsForTest(chosen);  // 0: no mock
   hwy::GetChosenTarget().Update(hwy::SupportedTargets());

@@ -14,6 +14,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_backward_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 using Catch::Matchers::Contains;
@@ -379,3 +382,5 @@ TEST_CASE("attention_backward rejects what it cannot use", "[attention][backward
                                        variants::Default{}, execution::Serial{}),
                     Contains("dsinks must hold one value per query head (4), got 3"));
 }
+
+}  // namespace seqattn_test_attention_backward_test

@@ -36,6 +36,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_bf16_dot_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 
@@ -319,3 +322,5 @@ TEST_CASE("bf16 dot path: the runtime-dispatched kernels", "[bf16_dot][dispatch]
   }
 }
 #endif
+
+}  // namespace seqattn_test_attention_bf16_dot_test

@@ -13,6 +13,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_descriptors_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 
@@ -96,3 +99,5 @@ TEST_CASE("descriptor-packed THD segments agree with a document-masked BSHD call
   CHECK(compared == (kTokens * kRows - 20) * kHeads);
   CHECK(max_diff <= 1e-5);
 }
+
+}  // namespace seqattn_test_attention_descriptors_test

@@ -11,6 +11,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_dispatch_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 
@@ -151,4 +154,6 @@ TEST_CASE("dispatch: every available target runs forward and backward", "[attent
   CHECK_THROWS_WITH(dispatch::use_simd_target_for_test("NEON"),
                     Catch::Matchers::Contains("'NEON' is not one of the targets compiled in"));
 }
+
+}  // namespace seqattn_test_attention_dispatch_test
 #endif  // SEQATTN_TEST_DISPATCH

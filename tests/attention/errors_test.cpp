@@ -3,6 +3,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_errors_test {
+
 using namespace seqattn;
 using Catch::Matchers::Contains;
 
@@ -98,3 +101,5 @@ TEST_CASE("THD segment tables are validated", "[attention][errors][thd]") {
                                       out.view(), lse.view()),
                     Contains("q must have rank 3 (THD layout"));
 }
+
+}  // namespace seqattn_test_attention_errors_test

@@ -10,6 +10,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_forward_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 
@@ -164,3 +167,5 @@ TEST_CASE("decode: few queries over a long KV, split across workers and merged b
     check_bshd<backends::Highway, bfloat16>({1, 1, 777, 4, 4, 64, 64}, TestBlankRowsMask{}, options, 2, rng);
   }
 }
+
+}  // namespace seqattn_test_attention_forward_test

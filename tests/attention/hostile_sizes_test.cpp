@@ -11,6 +11,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_hostile_sizes_test {
+
 using namespace seqattn;
 
 namespace {
@@ -126,3 +129,5 @@ TEST_CASE("issue 14: negative extents and hand-made shapes beyond the limits are
   shape.dk = shape.dv = index_t{1} << 40;
   CHECK_THROWS_WITH(detail::check_shape_limits(shape, "plan_attention"), ContainsSubstring("kMaxHeadDim"));
 }
+
+}  // namespace seqattn_test_attention_hostile_sizes_test

@@ -8,6 +8,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_library_masks_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 
@@ -135,3 +138,5 @@ TEST_CASE("library masks: multi-item requests in a packed THD batch", "[attentio
   CHECK(compare(out, want).relative() <= 1e-5);
   check_lse(lse, want_lse, 1e-5);
 }
+
+}  // namespace seqattn_test_attention_library_masks_test

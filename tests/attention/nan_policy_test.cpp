@@ -19,6 +19,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_nan_policy_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 
@@ -443,3 +446,5 @@ TEST_CASE("NaN policy: split-KV partials keep a NaN row NaN", "[attention][nan]"
     }
   }
 }
+
+}  // namespace seqattn_test_attention_nan_policy_test

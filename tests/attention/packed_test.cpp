@@ -6,6 +6,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_packed_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 
@@ -161,3 +164,5 @@ TEST_CASE("strided views: sliced tokens and a head-major (BHSD) tensor seen as B
     }
   }
 }
+
+}  // namespace seqattn_test_attention_packed_test

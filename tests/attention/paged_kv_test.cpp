@@ -17,6 +17,9 @@
 #include "attention/attention_test_support.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_paged_kv_test {
+
 using namespace seqattn;
 using seqattn::testing::compare;
 using seqattn::testing::random_tensor;
@@ -319,3 +322,5 @@ TEST_CASE("paged K/V: invalid tables and shapes throw naming the argument", "[at
     REQUIRE_THROWS_WITH(attention_forward(plan, f.paged(), bad.view(), lse.view()), ContainsSubstring("out"));
   }
 }
+
+}  // namespace seqattn_test_attention_paged_kv_test

@@ -14,6 +14,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_plan_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 using Catch::Matchers::Contains;
@@ -304,3 +307,5 @@ TEST_CASE("SoftmaxState merges partial rows exactly, in any split", "[attention]
   CHECK(rescale == 1.0f);
   CHECK(std::abs(with_sink.lse() - std::log(2.0f)) <= 1e-7);
 }
+
+}  // namespace seqattn_test_attention_plan_test

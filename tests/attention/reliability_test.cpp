@@ -21,6 +21,9 @@
 #define SEQATTN_RELIABILITY_BACKENDS backends::Highway, backends::Scalar, backends::Reference
 #endif
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_reliability_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 
@@ -437,3 +440,5 @@ TEMPLATE_TEST_CASE("issue 21 (fuzz_plan): segments sharing query rows, or key ro
         attention_backward(plan, in, c.out.view(), c.lse.view(), c.dout.view(), c.dq.view(), c.dk.view(), c.dv.view()));
   }
 }
+
+}  // namespace seqattn_test_attention_reliability_test

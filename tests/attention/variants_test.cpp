@@ -12,6 +12,9 @@
 
 #include "attention_test_support.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_attention_variants_test {
+
 using namespace seqattn;
 using namespace seqattn::testing;
 using Catch::Matchers::Contains;
@@ -269,3 +272,5 @@ TEST_CASE("variants refuse shapes they cannot serve", "[attention][variants][err
                                       variants::chain(variants::Softcap{1.0f}, variants::Alibi{three})),
                     Contains("one slope per query head"));
 }
+
+}  // namespace seqattn_test_attention_variants_test

@@ -11,6 +11,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_core_float16_test {
+
 namespace {
 
 std::uint16_t bits_of(_Float16 h) {
@@ -57,3 +60,5 @@ TEST_CASE("float16: rounding from float matches _Float16", "[core][float16]") {
   }
   CHECK(mismatches == 0);
 }
+
+}  // namespace seqattn_test_core_float16_test

@@ -16,6 +16,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_core_hostile_sizes_test {
+
 using namespace seqattn;
 
 namespace {
@@ -118,3 +121,5 @@ TEST_CASE("issue 14 #17: a ThreadPool whose helper cannot start throws and leave
   CHECK((code == 0 || code == 2 || code == 3));
 }
 #endif
+
+}  // namespace seqattn_test_core_hostile_sizes_test

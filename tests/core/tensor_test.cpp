@@ -7,6 +7,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_core_tensor_test {
+
 using seqattn::Extents;
 using seqattn::Tensor;
 using seqattn::TensorView;
@@ -108,3 +111,5 @@ TEST_CASE("Extents take any integer type, so a container's size needs no cast") 
   CHECK(huge.any_negative());  // beyond index_t: rejected as negative by every size check
   CHECK_THROWS_WITH(Tensor<float>(huge), ContainsSubstring("negative extent"));
 }
+
+}  // namespace seqattn_test_core_tensor_test

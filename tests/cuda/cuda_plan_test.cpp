@@ -20,6 +20,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_cuda_cuda_plan_test {
+
 using namespace seqattn;
 using seqattn::cuda::build_device_mask_layout;
 using seqattn::cuda::DeviceMaskLayout;
@@ -800,3 +803,5 @@ TEST_CASE("plan_launch: a device mask built for other sequences is refused", "[c
   CHECK_THROWS_WITH(plan_launch(longer, dl, {}, 132), ContainsSubstring("other lengths"));
   CHECK_NOTHROW(plan_launch(make_shape(RaggedLengths::uniform(1, 100, 100), 1, 1, 64, 64), dl, {}, 132));
 }
+
+}  // namespace seqattn_test_cuda_cuda_plan_test

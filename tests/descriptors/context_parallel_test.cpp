@@ -9,6 +9,9 @@
 #include "descriptor_oracle.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_descriptors_context_parallel_test {
+
 using namespace seqattn;
 using Catch::Matchers::Contains;
 using V = std::vector<int>;
@@ -109,3 +112,5 @@ TEST_CASE("CP reorder argument errors") {
                                                  ReorderStrategy::dual_chunk_swap, 3, 0);
   CHECK(V(out.values().begin(), out.values().end()) == V{0, 1, 10, 11, 2, 3, 8, 9, 4, 5, 6, 7});
 }
+
+}  // namespace seqattn_test_descriptors_context_parallel_test

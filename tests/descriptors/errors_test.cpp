@@ -8,6 +8,9 @@
 #include "descriptor_oracle.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_descriptors_errors_test {
+
 using namespace seqattn;
 using Catch::Matchers::Contains;
 using seqattn::testing::make;
@@ -165,3 +168,5 @@ TEST_CASE("Packing refuses descriptors whose segments cannot be paired") {
   CHECK_THROWS_WITH(segment_ids_from_seqlens_and_offsets(make({1, 2}, {1, 1}), make({2, 3}, {0, 1, -1, 0, 1, -1}), 4),
                     Contains("must share (*E, B)"));
 }
+
+}  // namespace seqattn_test_descriptors_errors_test

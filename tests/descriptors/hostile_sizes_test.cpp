@@ -9,6 +9,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_descriptors_hostile_sizes_test {
+
 using namespace seqattn;
 
 namespace {
@@ -68,3 +71,5 @@ TEST_CASE("issue 14: pack_segments packs 1M one-segment rows") {
   const PackedSegments p = pack_segments(d, {1, 1});
   CHECK(p.num_segments == rows);
 }
+
+}  // namespace seqattn_test_descriptors_hostile_sizes_test

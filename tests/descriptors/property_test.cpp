@@ -13,6 +13,9 @@
 #include "descriptor_oracle.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_descriptors_property_test {
+
 using namespace seqattn;
 namespace t = seqattn::testing;
 using V = std::vector<int>;
@@ -457,3 +460,5 @@ TEST_CASE("Long segments: block scans agree with the oracle across block boundar
     }
   }
 }
+
+}  // namespace seqattn_test_descriptors_property_test

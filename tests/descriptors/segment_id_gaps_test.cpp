@@ -14,6 +14,9 @@
 #include "descriptor_oracle.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_descriptors_segment_id_gaps_test {
+
 using namespace seqattn;
 namespace t = seqattn::testing;
 using V = std::vector<int>;
@@ -210,3 +213,5 @@ TEST_CASE("segment id gaps: renumber equals TE's pipeline on random gapped rows,
   }
   CHECK(gapped_rows > 100);  // the generator does produce gaps
 }
+
+}  // namespace seqattn_test_descriptors_segment_id_gaps_test

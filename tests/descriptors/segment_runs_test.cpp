@@ -15,6 +15,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_descriptors_segment_runs_test {
+
 using namespace seqattn;
 using Catch::Matchers::Contains;
 using detail::ParsedRun;
@@ -296,3 +299,5 @@ TEST_CASE("Segment runs: both callers accept and reject the same rows where thei
       DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(again.data(), Extents{1, 3})),
       Contains("q_segment_ids row 0 of shape (1, 3): segment 3 is not one contiguous run (tokens 0 and 2)"));
 }
+
+}  // namespace seqattn_test_descriptors_segment_runs_test

@@ -10,6 +10,9 @@
 #include "descriptor_oracle.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_descriptors_spec_vectors_test {
+
 using namespace seqattn;
 using seqattn::testing::make;
 using seqattn::testing::values;
@@ -301,3 +304,5 @@ TEST_CASE("E11: mask predicates of the dense reference and of the kernel reading
     }
   }
 }
+
+}  // namespace seqattn_test_descriptors_spec_vectors_test

@@ -15,6 +15,9 @@
 #include "support/catch.hpp"
 #include "support/engine_instances.hpp"  // the common engine configurations, compiled once
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_execution_thread_pool_test {
+
 using namespace seqattn;
 
 namespace {
@@ -143,3 +146,5 @@ TEST_CASE("the backward pass on a pool is bitwise identical to Serial") {
   const auto got = run(pool, pool.workers());
   for (std::size_t i = 0; i < want.size(); ++i) CHECK(bitwise_equal(got[i], want[i]));
 }
+
+}  // namespace seqattn_test_execution_thread_pool_test

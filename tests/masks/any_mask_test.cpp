@@ -10,6 +10,9 @@
 #include "masks/block_mask_checks.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_any_mask_test {
+
 using namespace seqattn;
 
 namespace {
@@ -256,3 +259,5 @@ TEST_CASE("AnyMask forwards checks and builds head-invariant masks once") {
   CHECK(none.target<FullMask>() != nullptr);
   CHECK(none.target<CausalMask>() == nullptr);
 }
+
+}  // namespace seqattn_test_masks_any_mask_test

@@ -5,6 +5,9 @@
 #include "masks/block_mask_checks.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_block_mask_test {
+
 using namespace seqattn;
 
 using seqattn::testing::check_block_mask;
@@ -47,3 +50,5 @@ TEST_CASE("BlockMask rejects bad block sizes") {
   CHECK_THROWS_WITH(build_block_mask(CausalMask{}, RaggedLengths::uniform(1, 8, 8), 1, {4, -2}),
                     Catch::Matchers::Contains("block_kv=-2"));
 }
+
+}  // namespace seqattn_test_masks_block_mask_test

@@ -17,6 +17,9 @@
 #include "masks/block_mask_checks.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_custom_mask_test {
+
 using namespace seqattn;
 
 namespace {
@@ -387,3 +390,5 @@ TEST_CASE("mask_mod: descriptions are copyable values", "[masks][custom]") {
   a = b;  // a lambda with captures has no copy assignment; the description does
   CHECK(a.allowed(ctx, 2, 0));
 }
+
+}  // namespace seqattn_test_masks_custom_mask_test

@@ -11,6 +11,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_document_inner_bounds_test {
+
 using namespace seqattn;
 
 TEST_CASE("DocumentMask checks its inner mask for the local coordinates positions give it",
@@ -42,3 +45,5 @@ TEST_CASE("DocumentMask checks its inner mask for the local coordinates position
     CHECK_NOTHROW(to_dense(document_mask(plain, document_mask(inner)), lengths));
   }
 }
+
+}  // namespace seqattn_test_masks_document_inner_bounds_test

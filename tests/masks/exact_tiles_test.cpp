@@ -12,6 +12,9 @@
 #include "masks/block_mask_checks.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_exact_tiles_test {
+
 using namespace seqattn;
 
 namespace {
@@ -266,3 +269,5 @@ TEST_CASE("combinations with a side that scans anyway are scanned exactly", "[ma
   }
   CHECK(tally.old_partial_now_full + tally.old_partial_now_empty > 0);
 }
+
+}  // namespace seqattn_test_masks_exact_tiles_test

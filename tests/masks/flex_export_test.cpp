@@ -17,6 +17,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_flex_export_test {
+
 using namespace seqattn;
 
 namespace {
@@ -229,3 +232,5 @@ TEST_CASE("Flex export names the shapes it cannot serve") {
   const BlockMask r = build_block_mask(CausalMask{}, ragged, 1, {4, 4});
   CHECK_THROWS_WITH(to_flex_block_mask(r, 2, 1), ContainsSubstring("sequence 1 has lengths (6, 8)"));
 }
+
+}  // namespace seqattn_test_masks_flex_export_test

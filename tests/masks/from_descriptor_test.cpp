@@ -6,6 +6,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_from_descriptor_test {
+
 using namespace seqattn;
 
 TEST_CASE("A SequenceDescriptor's segment ids and positions drive the document mask (E4, E9)") {
@@ -57,3 +60,5 @@ TEST_CASE("A SequenceDescriptor's segment ids and positions drive the document m
     CHECK_THROWS_WITH(document_layout(d), Catch::Matchers::Contains("must be built with from_segment_ids_and_pos"));
   }
 }
+
+}  // namespace seqattn_test_masks_from_descriptor_test

@@ -16,6 +16,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_hostile_builders_test {
+
 using namespace seqattn;
 
 namespace {
@@ -291,3 +294,5 @@ TEST_CASE("issue 21 #37: flex arrays within the limits that cannot be allocated 
     CHECK(e.bytes() >= (std::size_t{4} << 40));
   }
 }
+
+}  // namespace seqattn_test_masks_hostile_builders_test

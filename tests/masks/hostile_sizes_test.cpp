@@ -9,6 +9,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_hostile_sizes_test {
+
 using namespace seqattn;
 
 namespace {
@@ -104,3 +107,5 @@ TEST_CASE("issue 14: unvalidated mask sizes are refused before allocation") {
   CHECK_THROWS_WITH(build_block_mask(FullMask{}, RaggedLengths::uniform(1, 4, 4), index_t{1} << 40),
                     ContainsSubstring("kMaxHeads"));
 }
+
+}  // namespace seqattn_test_masks_hostile_sizes_test

@@ -6,6 +6,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_mask_errors_test {
+
 using namespace seqattn;
 using Catch::Matchers::Contains;
 
@@ -151,3 +154,5 @@ TEST_CASE("Additive masks default to MaxText's mask value") {
   CHECK(a(0, 0, 0, 1) == kDefaultMaskValue);
   CHECK(a(0, 0, 1, 1) == 0.0f);
 }
+
+}  // namespace seqattn_test_masks_mask_errors_test

@@ -13,6 +13,9 @@
 #include "masks/block_mask_checks.hpp"
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_mask_kinds_test {
+
 using namespace seqattn;
 using seqattn::testing::check_block_mask;
 
@@ -632,3 +635,5 @@ TEST_CASE("Renders masks as ASCII and SVG") {
   CHECK(big.substr(0, 11) == "+.........\n");
   CHECK(to_svg(SlidingWindowMask{3, 3}, {0, 0, 20, 20}, "window").find("<rect") != std::string::npos);
 }
+
+}  // namespace seqattn_test_masks_mask_kinds_test

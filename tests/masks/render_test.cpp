@@ -9,6 +9,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_render_test {
+
 using namespace seqattn;
 
 namespace {
@@ -235,3 +238,5 @@ TEST_CASE("render: pictures are at least as wide as their title", "[masks][rende
   const std::string short_svg = to_svg(small, 0, 0, "c", 16);
   CHECK(svg_width(short_svg) < svg_width(block_svg));
 }
+
+}  // namespace seqattn_test_masks_render_test

@@ -11,6 +11,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_representation_lengths_test {
+
 using namespace seqattn;
 
 namespace {
@@ -51,3 +54,5 @@ TEST_CASE("issue 21: representations reject lengths past limits::kMaxTensorEleme
     CHECK_THROWS_AS(to_additive(FullMask{}, RaggedLengths::uniform(1, huge, 0)), seqattn::invalid_argument);
   }
 }
+
+}  // namespace seqattn_test_masks_representation_lengths_test

@@ -21,6 +21,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_splash_test {
+
 using namespace seqattn;
 using seqattn::backends::SmemDtype;
 using seqattn::backends::Splash;
@@ -528,3 +531,5 @@ TEST_CASE("Splash::mask_info rejects what Splash cannot represent, naming the ar
   CHECK_THROWS_WITH(Splash::mask_info(two, 2, o), ContainsSubstring("2 distinct head masks"));
   CHECK_THROWS_WITH(Splash::mask_info(CausalMask{}, 0, 16, 1, block), ContainsSubstring("must be positive"));
 }
+
+}  // namespace seqattn_test_masks_splash_test

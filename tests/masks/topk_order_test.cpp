@@ -16,6 +16,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_masks_topk_order_test {
+
 using namespace seqattn;
 
 namespace {
@@ -89,3 +92,5 @@ TEST_CASE("topk_order_key: a total order consistent with < on ordinary floats", 
   CHECK(topk_order_key(kNegNan) < topk_order_key(-kInf));
   CHECK(topk_order_key(-std::numeric_limits<float>::denorm_min()) < topk_order_key(-0.0f));
 }
+
+}  // namespace seqattn_test_masks_topk_order_test

@@ -10,6 +10,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_scenarios_dsa_test {
+
 using namespace seqattn;
 using namespace seqattn::scenarios;
 using namespace seqattn::scenarios::dsa;
@@ -411,3 +414,5 @@ TEST_CASE("select_topk ties signed zeros as MaxText's score + mask, then top_k")
     CHECK(ranked_rows_with_both_zeros > 100);  // the rows issue 29 is about are exercised
   }
 }
+
+}  // namespace seqattn_test_scenarios_dsa_test

@@ -9,6 +9,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_scenarios_kascade_test {
+
 using namespace seqattn;
 using namespace seqattn::scenarios;
 using namespace seqattn::scenarios::kascade;
@@ -202,3 +205,5 @@ TEST_CASE("Kascade input validation") {
   const Tensor<float> q(Extents{6, 3, 4});
   CHECK_THROWS_WITH(pooled_mass(q.view(), k.view(), 1.0f, 2), Contains("H a multiple of Hkv"));
 }
+
+}  // namespace seqattn_test_scenarios_kascade_test

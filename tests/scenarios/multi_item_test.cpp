@@ -6,6 +6,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_scenarios_multi_item_test {
+
 using namespace seqattn;
 using namespace seqattn::scenarios;
 using namespace seqattn::scenarios::multi_item;
@@ -335,3 +338,5 @@ TEST_CASE("No item sees another: editing one item moves no other score, and empt
   CHECK(max_abs_diff(logp_at(r, r.upstream_score_row(2)), logp_at(r2, r2.upstream_score_row(2))) > 1e-3f);
   CHECK(max_abs_diff(logp_at(r, r.score_row(2)), logp_at(r2, r2.score_row(2))) == 0.0f);
 }
+
+}  // namespace seqattn_test_scenarios_multi_item_test

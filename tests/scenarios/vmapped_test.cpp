@@ -6,6 +6,9 @@
 
 #include "support/catch.hpp"
 
+// Everything below in a namespace of this file's own (unity builds).
+namespace seqattn_test_scenarios_vmapped_test {
+
 using namespace seqattn;
 using namespace seqattn::scenarios;
 using Catch::Matchers::Contains;
@@ -108,3 +111,5 @@ TEST_CASE("Vmapped input validation") {
   CHECK_THROWS_WITH(vmapped::attend_bshd(q3.view(), q3.view(), q3.view(), ids6.view(), pos.view(), 1.0f),
                     Contains("[*E, B, S, H, D]"));
 }
+
+}  // namespace seqattn_test_scenarios_vmapped_test

@@ -175,15 +175,17 @@ def multi_item(tokens, delimiter):
 
 # ---- attention: materialized softmax in float64 ----
 
+def _heads_expanded(q, k, v, scale):
+    """float64 q, and k / v repeated to q's heads (GQA); the default scale 1/sqrt(dk)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    scale = 1.0 / np.sqrt(q.shape[3]) if scale is None else scale
+    return q, np.repeat(k, group, axis=2), np.repeat(v, group, axis=2), scale
+
+
 def attention(q, k, v, allowed, scale=None, softcap=0.0):
     """BSHD; allowed [B, Hq or 1, Sq, Skv] bool. Returns (out [B,Sq,Hq,Dv], lse [B,Hq,Sq])."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    b, sq, hq, dk = q.shape
-    hkv = k.shape[2]
-    group = hq // hkv
-    scale = 1.0 / np.sqrt(dk) if scale is None else scale
-    kk = np.repeat(k, group, axis=2)
-    vv = np.repeat(v, group, axis=2)
+    q, kk, vv, scale = _heads_expanded(q, k, v, scale)
     s = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
     if softcap:
         s = softcap * np.tanh(s / softcap)
@@ -202,14 +204,11 @@ def attention(q, k, v, allowed, scale=None, softcap=0.0):
 
 def attention_grads(q, k, v, allowed, dout, scale=None):
     """Gradients (dq, dk, dv) of sum(out * dout) for attention(...) in float64, GQA heads summed into dk/dv."""
-    q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
-    b, sq, hq, dk = q.shape
-    hkv = k.shape[2]
-    group = hq // hkv
-    scale = 1.0 / np.sqrt(dk) if scale is None else scale
-    kk = np.repeat(k, group, axis=2)
-    vv = np.repeat(v, group, axis=2)
+    dout = np.asarray(dout, np.float64)
+    b, hkv = q.shape[0], k.shape[2]
+    group = q.shape[2] // hkv
     out, lse = attention(q, k, v, allowed, scale=scale)
+    q, kk, vv, scale = _heads_expanded(q, k, v, scale)
     s = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
     allowed = np.broadcast_to(allowed, s.shape)
     finite = np.isfinite(lse)[..., None]

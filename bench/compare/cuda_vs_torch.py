@@ -2,12 +2,14 @@
 """PyTorch's GPU attention kernels on the shapes seqattn's CUDA benchmarks use.
 
 Measures, per shape, SDPA pinned to one backend at a time (flash, cuDNN,
-memory-efficient) and torch.compile'd flex_attention with a block mask, plus the
-GPU's dense bf16 matmul rate and device-to-device copy bandwidth as ceilings.
+memory-efficient) and torch.compile'd flex_attention with a block mask, forward
+and (every shape but decode) backward, plus the GPU's dense bf16 matmul rate and
+device-to-device copy bandwidth as ceilings.
 
   /opt/torch/.venv/bin/python3 bench/compare/cuda_vs_torch.py --json results_torch.json
   python3 bench/compare/cuda_vs_torch.py --dry-run     # CPU, shrunken shapes, logic check only
   python3 bench/compare/cuda_vs_torch.py --list        # the shapes below as JSON
+  ... --no-backward                                     # forward only
 
 Shapes (bf16, head dim d = 128, layout (batch, heads, tokens, d), scale 1/sqrt(d)).
 Query i may see key j iff (0-based positions, queries and keys start together):
@@ -29,6 +31,17 @@ create_block_mask (default 128 blocks) built outside the timing; the document ma
 looks up a per-token document-id tensor. A failing implementation becomes a
 "failed: ..." note, never an abort. Timing: CUDA events per call, --warmup calls
 (default 3) first, median of --iters (default 20).
+
+Backward (bwd_ms, bwd_tflops, bwd_note in each row; not for decode): the row's
+forward runs once on fresh requires_grad copies of q, k, v, outside the timing;
+then torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True) is timed
+as above (its first call, where flex compiles its backward, is outside the
+timing and reported in bwd_note). The gradient tensors it allocates are timed,
+as in FlashAttention's benchmarks. Backward FLOPs are counted as FlashAttention's
+benchmarks count them: 2.5x the forward's useful FLOPs (five matmuls, QK^T
+recomputed, dO V^T, P^T dO, dS K, dS^T Q, to the forward's two), so the
+backward TFLOP/s compare with bench/cuda/bench_cuda.cu's. A backward that fails
+leaves the forward numbers and says "failed: ..." in bwd_note.
 """
 import argparse
 import dataclasses
@@ -75,6 +88,10 @@ class Shape:
 
     def useful_flops(self):
         return 4 * HEAD_DIM * self.allowed_pairs() * self.heads * self.batch
+
+    def backward_flops(self):
+        """FlashAttention's convention: the backward's five matmuls to the forward's two."""
+        return 2.5 * self.useful_flops()
 
     def io_bytes(self):
         """K and V read plus q read and out written, bf16."""
@@ -143,6 +160,10 @@ def time_ms(fn, warmup, iters, device):
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
+# The backward fields of a row that has no backward measurement.
+NO_BACKWARD = dict(bwd_ms=None, bwd_tflops=None, bwd_note="")
+
+
 def measure_ceilings(device, args):
     """Dense bf16 matmul rate and copy bandwidth: what the attention rows compare against."""
     rows = []
@@ -151,14 +172,15 @@ def measure_ceilings(device, args):
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     ms = time_ms(lambda: torch.matmul(a, b), args.warmup, args.iters, device)
     rows.append(dict(shape="peak-matmul-%d" % n, impl="torch.matmul bf16", ms=ms,
-                     tflops=2 * n ** 3 / ms / 1e9, gbps=None, note="n=m=k=%d" % n))
+                     tflops=2 * n ** 3 / ms / 1e9, gbps=None, note="n=m=k=%d" % n, **NO_BACKWARD))
     del a, b
     size = (16 if args.dry_run else 2048) << 20
     src = torch.empty(size, device=device, dtype=torch.uint8).fill_(1)
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), args.warmup, args.iters, device)
     rows.append(dict(shape="peak-hbm-copy", impl="Tensor.copy_", ms=ms, tflops=None,
-                     gbps=2 * size / ms / 1e6, note="%d MiB, read+write counted" % (size >> 20)))
+                     gbps=2 * size / ms / 1e6, note="%d MiB, read+write counted" % (size >> 20),
+                     **NO_BACKWARD))
     return rows
 
 
@@ -178,23 +200,65 @@ def run_shape(shape, device, args, flex):
     mask_mod = mask_mod_for(shape, device)
     decode = shape.q_len == 1
 
-    def record(impl, fn, note="", warmup=None):
-        """Times fn into a row; on failure the row's note says why and False is returned."""
+    def guarded(fn):
+        """(fn(), None), or (None, "failed: why") when fn raises."""
         # SDPA's exception only says "no viable backend"; the reason is in its warnings.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                ms = time_ms(fn, warmup or args.warmup, args.iters, device)
+                return fn(), None
             except Exception as exc:  # one broken backend must not end the run
                 reasons = [first_line(exc)] + [first_line(w.message) for w in caught
                                                if "flex_attention called without" not in str(w.message)]
-                rows.append(dict(shape=shape.name, impl=impl, ms=None, tflops=None, gbps=None,
-                                 note="failed: " + " | ".join(dict.fromkeys(reasons))[:400]
-                                 + ("; " + note if note else "")))
-                return False
-        rows.append(dict(shape=shape.name, impl=impl, ms=ms,
-                         tflops=shape.useful_flops() / ms / 1e9,
-                         gbps=shape.io_bytes() / ms / 1e6 if decode else None, note=note))
+                return None, "failed: " + " | ".join(dict.fromkeys(reasons))[:400]
+
+    def time_backward(fn, inputs, warmup):
+        """(median ms, None, seconds of the first forward + backward) of the backward of
+        fn(*inputs), or (None, "failed: why", None)."""
+        leaves = [t.detach().requires_grad_() for t in inputs]
+
+        def first_call():
+            out = fn(*leaves)  # the forward, once, outside the timing
+            grad_out = torch.randn(out.shape, device=device, dtype=out.dtype, generator=gen)
+
+            def grad():
+                return torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
+
+            grad()  # flex compiles its backward here
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            return grad
+
+        start = time.perf_counter()
+        grad, failure = guarded(first_call)
+        if failure:
+            return None, failure, None
+        first_s = time.perf_counter() - start
+        ms, failure = guarded(lambda: time_ms(grad, warmup, args.iters, device))
+        return ms, failure, first_s
+
+    def record(impl, fn, inputs, note="", warmup=None, compiled=False):
+        """Times fn(*inputs) and, unless decode or --no-backward, its backward into one row
+        (compiled: bwd_note gives the first forward + backward call's time, compilation
+        included). On a forward failure the row's note says why and False is returned."""
+        warmup = warmup or args.warmup
+        ms, failure = guarded(lambda: time_ms(lambda: fn(*inputs), warmup, args.iters, device))
+        if failure:
+            rows.append(dict(shape=shape.name, impl=impl, ms=None, tflops=None, gbps=None,
+                             note=failure + ("; " + note if note else ""), **NO_BACKWARD))
+            return False
+        row = dict(shape=shape.name, impl=impl, ms=ms, tflops=shape.useful_flops() / ms / 1e9,
+                   gbps=shape.io_bytes() / ms / 1e6 if decode else None, note=note, **NO_BACKWARD)
+        if decode:
+            row["bwd_note"] = "n/a: decode"
+        elif not args.backward:
+            row["bwd_note"] = "skipped: --no-backward"
+        else:
+            bwd_ms, failure, first_s = time_backward(fn, inputs, warmup)
+            row["bwd_note"] = failure or ("first fwd+bwd call %.1fs" % first_s if compiled else "")
+            if bwd_ms is not None:
+                row.update(bwd_ms=bwd_ms, bwd_tflops=shape.backward_flops() / bwd_ms / 1e9)
+        rows.append(row)
         return True
 
     # SDPA: causal uses is_causal; document/window masks go in as a dense boolean attn_mask.
@@ -204,25 +268,28 @@ def run_shape(shape, device, args, flex):
                           (SDPBackend.EFFICIENT_ATTENTION, "sdpa-efficient")):
         if attn_mask is not None and backend == SDPBackend.FLASH_ATTENTION:
             rows.append(dict(shape=shape.name, impl=impl, ms=None, tflops=None, gbps=None,
-                             note="n/a: flash SDPA takes no attn_mask"))
+                             note="n/a: flash SDPA takes no attn_mask",
+                             **dict(NO_BACKWARD, bwd_note="n/a: flash SDPA takes no attn_mask")))
             continue
         kwargs = dict(is_causal=shape.mask == "causal", attn_mask=attn_mask)
         note = "dense bool attn_mask" if attn_mask is not None else ""
 
-        def sdpa(qq=q, kk=k, vv=v, extra=None, backend=backend, kwargs=kwargs):
+        def sdpa(qq, kk, vv, extra=None, backend=backend, kwargs=kwargs):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(qq, kk, vv, **kwargs, **(extra or {}))
 
         if not gqa:
-            record(impl, sdpa, note)
+            record(impl, sdpa, (q, k, v), note)
             continue
         # GQA: prefer enable_gqa (torch >= 2.5, no copy); if this backend refuses it,
-        # fall back to K/V repeated per query head (expanded once, outside the timing).
-        if not record(impl, lambda: sdpa(extra={"enable_gqa": True}), "enable_gqa=True"):
+        # fall back to K/V repeated per query head (expanded once, outside the timing;
+        # a backward then yields the gradients of the repeated K/V).
+        if not record(impl, lambda qq, kk, vv: sdpa(qq, kk, vv, extra={"enable_gqa": True}), (q, k, v),
+                      "enable_gqa=True"):
             refusal = rows.pop()["note"].removeprefix("failed: ").removesuffix("; enable_gqa=True")
             group = shape.heads // shape.kv_heads
             k_rep, v_rep = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-            record(impl, lambda: sdpa(q, k_rep, v_rep),
+            record(impl, sdpa, (q, k_rep, v_rep),
                    "repeat_interleave K/V (enable_gqa=True refused: %s)" % refusal)
             del k_rep, v_rep
     del attn_mask
@@ -243,11 +310,11 @@ def run_shape(shape, device, args, flex):
         note = ("compiled" if not args.dry_run else "eager") + ", first call %.1fs" % compile_s
         if gqa:
             note += ", enable_gqa=True"
-        record("flex", lambda: flex(q, k, v, block_mask=block_mask, **extra), note,
-               warmup=max(3, args.warmup))
+        record("flex", lambda qq, kk, vv: flex(qq, kk, vv, block_mask=block_mask, **extra), (q, k, v), note,
+               warmup=max(3, args.warmup), compiled=True)
     except Exception as exc:  # block-mask creation or compilation failed
         rows.append(dict(shape=shape.name, impl="flex", ms=None, tflops=None, gbps=None,
-                         note="failed: " + first_line(exc)[:400]))
+                         note="failed: " + first_line(exc)[:400], **NO_BACKWARD))
     return rows
 
 
@@ -268,6 +335,8 @@ def main():
     parser.add_argument("--json", default="results_torch.json")
     parser.add_argument("--dry-run", action="store_true", help="CPU, shapes / 16, eager flex")
     parser.add_argument("--list", action="store_true", help="print the shapes as JSON and exit")
+    parser.add_argument("--no-backward", dest="backward", action="store_false",
+                        help="time the forward only")
     args = parser.parse_args()
 
     if args.list:
@@ -299,6 +368,7 @@ def main():
         flex = torch.compile(flex_attention, dynamic=False)
         gpu = torch.cuda.get_device_name(device)
     print("device: %s, torch %s" % (gpu, torch.__version__))
+    print("backward TFLOP/s count 2.5x the forward's useful FLOPs (FlashAttention's convention)")
 
     rows = measure_ceilings(device, args)
     for shape in shapes:
@@ -306,12 +376,16 @@ def main():
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
-    print("\n| shape | impl | ms | TFLOP/s | GB/s | note |\n|---|---|---:|---:|---:|---|")
+    print("\n| shape | impl | ms | TFLOP/s | GB/s | bwd ms | bwd TFLOP/s | note |\n"
+          "|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        print("| %s | %s | %s | %s | %s | %s |" % (r["shape"], r["impl"], fmt(r["ms"], 3),
-              fmt(r["tflops"], 1), fmt(r["gbps"], 0), r["note"]))
+        notes = [r["note"]] + (["bwd: " + r["bwd_note"]] if r["bwd_note"] not in ("", r["note"]) else [])
+        print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["shape"], r["impl"], fmt(r["ms"], 3), fmt(r["tflops"], 1), fmt(r["gbps"], 0),
+            fmt(r["bwd_ms"], 3), fmt(r["bwd_tflops"], 1), "; ".join(n for n in notes if n)))
     with open(args.json, "w") as out:
         json.dump(dict(gpu=gpu, torch=torch.__version__, iters=args.iters,
+                       bwd_flops_convention="2.5x forward useful FLOPs",
                        shapes=[dataclasses.asdict(s) for s in shapes], results=rows), out, indent=2)
     print("\nwrote %s" % args.json)
 

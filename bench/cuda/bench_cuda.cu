@@ -2,12 +2,22 @@
 // GPU's own limits measured in the same run: cuBLAS bf16 GEMM (8192^3) for the
 // dense tensor-core rate and a device-to-device copy for HBM bandwidth.
 //
-//   bench_cuda [--json FILE] [--iters N] [--shapes SUBSTRING] [--kv-splits N] [--no-limits]
+//   bench_cuda [--json FILE] [--iters N] [--shapes SUBSTRING] [--kv-splits N] [--no-limits] [--no-backward]
 //
 // Useful FLOPs = 4 * d * allowed (q, k) pairs * heads * batch, counted from
 // the mask (masked tiles the kernel skips are not credited). Decode GB/s
 // counts K, V, q and out once. bf16, d = 128, scale 1/sqrt(d).
+//
+// Backward (every shape but decode; --no-backward skips it): attention_backward
+// alone is timed, on a plan made with PlanOptions::backward, after one forward
+// call on that plan outside the timing. Its FLOPs are counted as FlashAttention's
+// benchmarks count them, 2.5x the forward's useful FLOPs: the backward does five
+// matmuls (S = QK^T again, dP = dO V^T, dV += P^T dO, dQ += dS K, dK += dS^T Q)
+// to the forward's two, so its TFLOP/s compare directly with FlashAttention's
+// and with bench/compare/cuda_vs_torch.py's backward rows. A backward that
+// throws becomes a "failed: ..." bwd_note in the JSON; the forward rows stay.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <cublas_v2.h>
@@ -88,9 +98,31 @@ struct Row {
   std::string name;
   double ms, tflops, gbps;
   std::string plan;
+  // Backward: NaN (JSON null) when not measured; bwd_note says why.
+  double bwd_ms = std::nan(""), bwd_tflops = std::nan("");
+  std::string bwd_note;
 };
 
-Row run_case(const Case& c, int iters, const PlanOptions& options) {
+// JSON text of a string (notes may carry exception messages) and of a number
+// (NaN, a value not measured, becomes null).
+std::string json_string(const std::string& s) {
+  std::string quoted = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      quoted += '\\';
+      quoted += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      quoted += ' ';
+    } else {
+      quoted += ch;
+    }
+  }
+  return quoted + "\"";
+}
+
+std::string json_number(double x) { return std::isfinite(x) ? std::to_string(x) : "null"; }
+
+Row run_case(const Case& c, int iters, const PlanOptions& options, bool backward) {
   const index_t d = 128;
   const std::size_t nq = std::size_t(c.batch * c.q_len * c.heads * d),
                     nkv = std::size_t(c.batch * c.kv_len * c.kv_heads * d);
@@ -108,6 +140,25 @@ Row run_case(const Case& c, int iters, const PlanOptions& options) {
   std::vector<std::int32_t> ids;
   for (index_t b = 0; b < c.batch; ++b)
     for (index_t t = 0; t < c.q_len; ++t) ids.push_back(static_cast<std::int32_t>(t / 512));
+  const bool decode = c.q_len == 1;
+  // The backward of one mask on its own plan (PlanOptions::backward), so the
+  // forward rows keep the plan they always had; out and lse come from one
+  // forward call on that plan, outside the timing.
+  auto time_backward = [&](const auto& mask, double forward_flops, Row& row) {
+    PlanOptions backward_options = options;
+    backward_options.backward = true;
+    const auto plan = plan_attention<backends::Cuda>(shape, mask, backward_options);
+    cuda::DeviceBuffer<bfloat16> dout(nq), dq(nq), dk(nkv), dv(nkv);
+    fill_random(dout.data(), nq, 4);
+    const TensorView<const bfloat16> dout_view(dout.data(), Extents{c.batch, c.q_len, c.heads, d});
+    const AttentionGrads<bfloat16> grads{TensorView<bfloat16>(dq.data(), Extents{c.batch, c.q_len, c.heads, d}),
+                                         TensorView<bfloat16>(dk.data(), Extents{c.batch, c.kv_len, c.kv_heads, d}),
+                                         TensorView<bfloat16>(dv.data(), Extents{c.batch, c.kv_len, c.kv_heads, d})};
+    attention_forward(plan, in, o, l, variants::Default{}, cuda::Stream{});
+    row.bwd_ms = median_ms(
+        [&] { attention_backward(plan, in, o, l, dout_view, grads, variants::Default{}, cuda::Stream{}); }, iters);
+    row.bwd_tflops = 2.5 * forward_flops / (row.bwd_ms * 1e-3) / 1e12;
+  };
   auto run_with = [&](const auto& mask) {
     const auto plan = plan_attention<backends::Cuda>(shape, mask, options);
     const cuda::LaunchPlan& lp = plan.work().device->launch;
@@ -116,7 +167,23 @@ Row run_case(const Case& c, int iters, const PlanOptions& options) {
     const float ms = median_ms([&] { attention_forward(plan, in, o, l, variants::Default{}, cuda::Stream{}); }, iters);
     const double flops = 4.0 * d * c.pairs * c.heads * c.batch;
     const double bytes = 2.0 * (2.0 * nkv + 2.0 * nq);
-    return Row{c.name, ms, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9, desc};
+    Row row{c.name, ms, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9, desc};
+    if (decode) {
+      row.bwd_note = "n/a: decode";
+    } else if (!backward) {
+      row.bwd_note = "skipped: --no-backward";
+    } else {
+      // A backward that fails (it is the newer code path) must not cost the
+      // forward rows of this run: it becomes the row's note.
+      try {
+        time_backward(mask, flops, row);
+      } catch (const std::exception& e) {
+        row.bwd_ms = row.bwd_tflops = std::nan("");
+        row.bwd_note = std::string("failed: ") + e.what();
+        std::fprintf(stderr, "bench_cuda: %s backward: %s\n", c.name.c_str(), e.what());
+      }
+    }
+    return row;
   };
   if (c.mask == "causal") return run_with(CausalMask{});
   if (c.mask == "window") return run_with(SlidingWindowMask{1023, 0});
@@ -131,7 +198,7 @@ Row run_case(const Case& c, int iters, const PlanOptions& options) {
 int main(int argc, char** argv) {
   std::string json, only;
   int iters = 20;
-  bool limits = true;
+  bool limits = true, backward = true;
   PlanOptions options;  // --kv-splits N: force the split count (0: the planner's choice)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc)
@@ -144,6 +211,8 @@ int main(int argc, char** argv) {
       options.kv_splits = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--no-limits"))
       limits = false;
+    else if (!std::strcmp(argv[i], "--no-backward"))
+      backward = false;
   }
   int devices = 0;
   if (const cudaError_t status = cudaGetDeviceCount(&devices); status != cudaSuccess || devices == 0) {
@@ -152,12 +221,17 @@ int main(int argc, char** argv) {
                 status == cudaSuccess ? "0 devices" : cudaGetErrorString(status));
     return 77;
   }
+  // The JSON is written even when a case throws (a device run is short and
+  // rare): the rows measured so far, and the error.
+  std::string header, error;
+  std::vector<std::string> results;
   try {
     cudaDeviceProp prop{};
     cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     const double peak = limits ? gemm_tflops(iters) : 1.0, bw = limits ? copy_gbps(iters) : 1.0;
-    std::printf("GPU: %s (%d SMs)\ncuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s; D2D copy: %.0f GB/s (read + write)\n\n",
+    std::printf("GPU: %s (%d SMs)\ncuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s; D2D copy: %.0f GB/s (read + write)\n",
                 prop.name, prop.multiProcessorCount, peak, bw);
+    std::printf("Backward TFLOP/s count 2.5x the forward's useful FLOPs (FlashAttention's convention).\n\n");
     auto tri = [](double n) { return n * (n + 1) / 2; };
     const std::vector<Case> cases{
         {"causal-4k", 1, 4096, 4096, 32, 32, "causal", tri(4096)},
@@ -167,29 +241,45 @@ int main(int argc, char** argv) {
         {"decode-32k-b1", 1, 1, 32768, 32, 4, "full", 32768},
         {"decode-32k-b8", 8, 1, 32768, 32, 4, "full", 32768},
     };
-    std::string out = "{\"gpu\": \"" + std::string(prop.name) + "\", \"gemm_tflops\": " + std::to_string(peak) +
-                      ", \"copy_gbps\": " + std::to_string(bw) + ", \"results\": [";
-    std::printf("| shape | ms | TFLOP/s | of GEMM | GB/s | of copy | plan |\n|---|---|---|---|---|---|---|\n");
-    for (std::size_t i = 0; i < cases.size(); ++i) {
-      if (!only.empty() && cases[i].name.find(only) == std::string::npos) continue;
-      const Row r = run_case(cases[i], iters, options);
-      if (limits) {
-        std::printf("| %s | %.3f | %.1f | %.2f | %.0f | %.2f | %s |\n", r.name.c_str(), r.ms, r.tflops, r.tflops / peak,
-                    r.gbps, r.gbps / bw, r.plan.c_str());
-      } else {
-        std::printf("| %s | %.3f | %.1f | - | %.0f | - | %s |\n", r.name.c_str(), r.ms, r.tflops, r.gbps,
-                    r.plan.c_str());
-      }
-      out += std::string(i ? ", " : "") + "{\"shape\": \"" + r.name +
-             "\", \"impl\": \"seqattn-cuda\", \"ms\": " + std::to_string(r.ms) +
-             ", \"tflops\": " + std::to_string(r.tflops) + ", \"gbps\": " + std::to_string(r.gbps) + ", \"note\": \"" +
-             r.plan + "\"}";
+    header = "{\"gpu\": " + json_string(prop.name) + ", \"gemm_tflops\": " + json_number(limits ? peak : std::nan("")) +
+             ", \"copy_gbps\": " + json_number(limits ? bw : std::nan("")) +
+             ", \"bwd_flops_convention\": \"2.5x forward useful FLOPs\"";
+    std::printf(
+        "| shape | ms | TFLOP/s | of GEMM | GB/s | of copy | bwd ms | bwd TFLOP/s | bwd of GEMM | plan |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n");
+    auto fraction = [&](double x, double limit) {
+      char text[32] = "-";
+      if (limits && std::isfinite(x)) std::snprintf(text, sizeof text, "%.2f", x / limit);
+      return std::string(text);
+    };
+    auto fixed = [](double x, int digits) {
+      char text[32] = "-";
+      if (std::isfinite(x)) std::snprintf(text, sizeof text, "%.*f", digits, x);
+      return std::string(text);
+    };
+    for (const Case& c : cases) {
+      if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+      const Row r = run_case(c, iters, options, backward);
+      std::printf("| %s | %.3f | %.1f | %s | %.0f | %s | %s | %s | %s | %s |\n", r.name.c_str(), r.ms, r.tflops,
+                  fraction(r.tflops, peak).c_str(), r.gbps, fraction(r.gbps, bw).c_str(), fixed(r.bwd_ms, 3).c_str(),
+                  fixed(r.bwd_tflops, 1).c_str(), fraction(r.bwd_tflops, peak).c_str(), r.plan.c_str());
+      std::fflush(stdout);
+      results.push_back(
+          "{\"shape\": " + json_string(r.name) + ", \"impl\": \"seqattn-cuda\", \"ms\": " + json_number(r.ms) +
+          ", \"tflops\": " + json_number(r.tflops) + ", \"gbps\": " + json_number(r.gbps) +
+          ", \"note\": " + json_string(r.plan) + ", \"bwd_ms\": " + json_number(r.bwd_ms) +
+          ", \"bwd_tflops\": " + json_number(r.bwd_tflops) + ", \"bwd_note\": " + json_string(r.bwd_note) + "}");
     }
-    out += "]}\n";
-    if (!json.empty()) std::ofstream(json) << out;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda: %s\n", e.what());
-    return 1;
+    error = e.what();
   }
-  return 0;
+  if (!json.empty() && !header.empty()) {
+    std::string text = header + ", \"results\": [";
+    for (std::size_t i = 0; i < results.size(); ++i) text += (i ? ", " : "") + results[i];
+    text += "]";
+    if (!error.empty()) text += ", \"error\": " + json_string(error);
+    std::ofstream(json) << text << "}\n";
+  }
+  return error.empty() ? 0 : 1;
 }

@@ -85,9 +85,56 @@ build() { # name source [compile flags...] [-- libraries...]
 }
 
 start=$SECONDS
-build seqattn_test_cuda_attention tests/cuda/cuda_attention_test.cu "${catch[@]}" -- "${catch_libs[@]}"
-build seqattn_bench_cuda bench/cuda/bench_cuda.cu -- -lcublas -Xlinker=-rpath=/usr/local/cuda/lib64
-build seqattn_example_cuda_attention examples/cuda/cuda_attention.cu
+# The kernels once, one object per configuration (as cmake/SeqattnCuda.cmake
+# does), compiled in parallel; the programs declare them extern.
+instances=()
+mkdir -p "$out/instances"
+for type in bfloat16 float16; do
+  for dim in 64 128 256; do
+    for mod in false true; do
+      for pass in forward backward; do
+        [[ $pass == backward && $dim == 256 ]] && continue
+        params=ForwardParams plan=LaunchPlan
+        [[ $pass == backward ]] && params=BackwardParams plan=BackwardLaunchPlan
+        src="$out/instances/${pass}_${type}_d${dim}_${mod}.cu"
+        text="#define SEQATTN_CUDA_INSTANCE_TU
+#include \"seqattn/backends/cuda.cuh\"
+template void seqattn::cuda::detail::launch_${pass}<seqattn::${type}, ${dim}, ${mod}>(
+    const seqattn::cuda::detail::${params}<seqattn::${type}>&, const seqattn::cuda::${plan}&, cudaStream_t);"
+        [[ -f "$src" && "$(cat "$src")" == "$text" ]] || echo "$text" >"$src"
+        (
+          "${launcher[@]}" "$nvcc" "${flags[@]}" -c "$src" -o "${src%.cu}.o" >"${src%.cu}.log" 2>&1 ||
+            { echo "build-cuda-bundle: FAILED: $src" >&2 && cat "${src%.cu}.log" >&2 && exit 1; }
+        ) &
+        instances+=("${src%.cu}.o")
+        while (($(jobs -rp | wc -l) >= max_jobs)); do wait -n || exit 1; done
+      done
+    done
+  done
+done
+while (($(jobs -rp | wc -l) > 0)); do wait -n || exit 1; done
+echo "build-cuda-bundle: ${#instances[@]} kernel instances compiled ($((SECONDS - start)) s)"
+flags+=(-DSEQATTN_CUDA_SEPARATE_INSTANCES)
+
+# The test's host-side objects, as CMake's seqattn_catch and
+# seqattn_test_engine: Catch2's implementation and the CPU engine
+# configurations the reference comparisons use (tests/support/engine_instances.hpp).
+test_objects=()
+for src in tests/support/catch_implementation.cpp tests/support/engine/*.cpp; do
+  obj="$out/instances/host_$(basename "${src%.cpp}").o"
+  (
+    "${launcher[@]}" "$cxx" -std=c++20 -O2 -DNDEBUG "${simd[@]}" -I"$root/include" -I"$root/tests" -c "$src" -o "$obj" \
+      >"${obj%.o}.log" 2>&1 || { echo "build-cuda-bundle: FAILED: $src" >&2 && cat "${obj%.o}.log" >&2 && exit 1; }
+  ) &
+  test_objects+=("$obj")
+  while (($(jobs -rp | wc -l) >= max_jobs)); do wait -n || exit 1; done
+done
+while (($(jobs -rp | wc -l) > 0)); do wait -n || exit 1; done
+
+build seqattn_test_cuda_attention tests/cuda/cuda_attention_test.cu "${catch[@]}" -- "${instances[@]}" \
+  "${test_objects[@]}" "${catch_libs[@]}"
+build seqattn_bench_cuda bench/cuda/bench_cuda.cu -- "${instances[@]}" -lcublas -Xlinker=-rpath=/usr/local/cuda/lib64
+build seqattn_example_cuda_attention examples/cuda/cuda_attention.cu -- "${instances[@]}"
 wait
 
 status=0

@@ -167,7 +167,12 @@ Row run_case(const Case& c, int iters, const PlanOptions& options, bool backward
     const float ms = median_ms([&] { attention_forward(plan, in, o, l, variants::Default{}, cuda::Stream{}); }, iters);
     const double flops = 4.0 * d * c.pairs * c.heads * c.batch;
     const double bytes = 2.0 * (2.0 * nkv + 2.0 * nq);
-    Row row{c.name, ms, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9, desc};
+    Row row;
+    row.name = c.name;
+    row.ms = ms;
+    row.tflops = flops / (ms * 1e-3) / 1e12;
+    row.gbps = bytes / (ms * 1e-3) / 1e9;
+    row.plan = desc;
     if (decode) {
       row.bwd_note = "n/a: decode";
     } else if (!backward) {

@@ -1,7 +1,8 @@
 // backends::Cuda against the reference backend, element by element: every
 // mask kind, BSHD and THD with empty segments, head dims 64/72/80/128/256,
 // GQA with and without packed heads, KV splits, every device variant, bf16
-// and fp16, fully masked rows, and the errors of bad calls.
+// and fp16, fully masked rows, and the errors of bad calls; the backward pass
+// (dq, dk, dv, dsinks) likewise for head dims up to 128, deterministic.
 //
 // Needs a CUDA device: without one the binary prints why and exits with 77,
 // which CTest reports as skipped (SKIP_RETURN_CODE). Catch2's implementation
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -493,6 +495,310 @@ TEST_CASE("cuda: NaN policy in the decode kernel and the split merge", "[cuda][g
   split.kv_splits = 6;
   check_cuda_policy<bfloat16>(pr, window, variants::Default{}, split);
   check_cuda_policy<float16>(pr, window, variants::Default{}, split);
+}
+
+// ---- Backward ------------------------------------------------------------------
+
+// Gradients of the Cuda backend against the reference's, element by element,
+// on the scale of the whole tensor: |got - want| against tol (|want| + rms(want)).
+// Like FlashAttention, the kernels round P and dS to the storage type before
+// the tensor cores, so an element's error follows the size of the terms of
+// its sum (large where dS is, whatever cancellation leaves), not its value:
+// its distribution has a tail. So: no element beyond 4 tol, at most one in
+// 10^4 (and 2) beyond tol, and a bounded normalized squared error. NaN and
+// infinities must sit exactly where the reference has them.
+index_t gradient_mismatches(const Tensor<float>& got, const Tensor<float>& want, double tol, double max_nmse,
+                            std::string& first) {
+  double sq = 0;
+  index_t finite = 0;
+  for (index_t i = 0; i < want.size(); ++i) {
+    if (std::isfinite(want.data()[i])) {
+      sq += double{want.data()[i]} * want.data()[i];
+      ++finite;
+    }
+  }
+  const double rms = finite > 0 ? std::sqrt(sq / static_cast<double>(finite)) : 0.0;
+  index_t bad = 0, outliers = 0;
+  double sq_diff = 0;
+  for (index_t i = 0; i < got.size(); ++i) {
+    const double g = got.data()[i], w = want.data()[i];
+    bool ok = true;
+    if (std::isnan(g) || std::isnan(w)) {
+      ok = std::isnan(g) && std::isnan(w);
+    } else if (std::isinf(g) || std::isinf(w)) {
+      ok = g == w;
+    } else {
+      const double diff = std::abs(g - w), scale = std::abs(w) + rms;
+      sq_diff += diff * diff;
+      ok = diff <= 4 * tol * scale;
+      outliers += diff > tol * scale;
+    }
+    if (!ok && bad++ == 0) first = detail::concat("element ", i, ": got ", g, ", want ", w, " (rms ", rms, ")");
+  }
+  const index_t allowed = std::max<index_t>(2, finite / 10000);
+  if (outliers > allowed) {
+    first += detail::concat("; ", outliers, " elements beyond the tolerance, ", allowed, " allowed");
+    ++bad;
+  }
+  const double nmse = sq > 0 ? sq_diff / sq : sq_diff;
+  if (!(nmse <= max_nmse)) {
+    first += detail::concat("; normalized squared error ", nmse, " over ", max_nmse);
+    ++bad;
+  }
+  return bad;
+}
+
+struct BackwardCase {
+  PlanOptions options;
+  bool dsinks_on_device = false;
+  const Tensor<float>* dout = nullptr;  // else random
+};
+
+// Runs the Cuda forward and backward on the inputs rounded to T, and the
+// reference backward in fp32 on the same values fed the Cuda forward's own out
+// and LSE (so that the backward alone is compared); checks dq, dk, dv and the
+// sinks' gradient. Two backward calls must agree bit for bit (determinism).
+template <class T, class M, class V>
+void check_cuda_backward(const Problem& pr, const M& mask, const V& variant, std::mt19937& rng, BackwardCase bc = {}) {
+  const Tensor<T> q = rounded_to<T>(pr.q), k = rounded_to<T>(pr.k), v = rounded_to<T>(pr.v);
+  const Tensor<float> qf = widened(q), kf = widened(k), vf = widened(v);
+  const AttentionInputs<float> ref_in{qf.view(), kf.view(), vf.view(), pr.segments};
+  const AttentionShape shape = shape_of(ref_in);
+  Extents out_shape = pr.q.shape();
+  out_shape[out_shape.rank() - 1] = shape.dv;
+  const Extents lse_shape = shape.layout == Layout::bshd
+                                ? detail::make_extents({shape.batch(), shape.heads, pr.q.extent(1)})
+                                : detail::make_extents({shape.heads, pr.q.extent(0)});
+  const Tensor<T> dout = rounded_to<T>(bc.dout ? *bc.dout : random_tensor<float>(out_shape, rng));
+  const Tensor<float> dout_f = widened(dout);
+
+  bc.options.backward = true;
+  const auto plan = plan_attention<backends::Cuda>(shape, mask, bc.options);
+  const DeviceTensor<T> dq_in(q), dk_in(k), dv_in(v), d_dout(dout);
+  DeviceTensor<T> d_out(Tensor<T>(out_shape, from_float<T>(7.0f)));
+  DeviceTensor<float> d_lse(Tensor<float>(lse_shape, 7.0f));
+  const AttentionInputs<T> in{dq_in.view(), dk_in.view(), dv_in.view(), pr.segments};
+  attention_forward(plan, in, d_out.view(), d_lse.view(), variant, cuda::Stream{});
+
+  Extents dv_shape = pr.v.shape();
+  DeviceTensor<T> gq(Tensor<T>(q.shape(), from_float<T>(7.0f))), gk(Tensor<T>(k.shape(), from_float<T>(7.0f))),
+      gv(Tensor<T>(dv_shape, from_float<T>(7.0f)));
+  std::vector<float> dsinks(static_cast<std::size_t>(shape.heads), 7.0f);
+  cuda::DeviceBuffer<float> dsinks_dev(dsinks.size());
+  dsinks_dev.upload(std::span<const float>(dsinks));
+  const std::span<float> dsinks_span =
+      bc.dsinks_on_device ? std::span<float>(dsinks_dev.data(), dsinks.size()) : std::span<float>(dsinks);
+  const AttentionGrads<T> grads{gq.view(), gk.view(), gv.view(), dsinks_span};
+  const TensorView<const T> out_view(d_out.buffer.data(), out_shape);
+  const TensorView<const float> lse_view(d_lse.buffer.data(), lse_shape);
+  const TensorView<const T> dout_view(d_dout.buffer.data(), out_shape);
+  attention_backward(plan, in, out_view, lse_view, dout_view, grads, variant, cuda::Stream{});
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const Tensor<T> got_q = gq.download(), got_k = gk.download(), got_v = gv.download();
+  if (bc.dsinks_on_device) {
+    cuda::check(cudaMemcpy(dsinks.data(), dsinks_dev.data(), dsinks.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                "cudaMemcpy");
+  }
+
+  // Deterministic: a second call writes the same bits.
+  attention_backward(plan, in, out_view, lse_view, dout_view, grads, variant, cuda::Stream{});
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  auto same_bits = [](const Tensor<T>& a, const Tensor<T>& b) {
+    return std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.size()) * sizeof(T)) == 0;
+  };
+  CHECK(same_bits(gq.download(), got_q));
+  CHECK(same_bits(gk.download(), got_k));
+  CHECK(same_bits(gv.download(), got_v));
+
+  const Tensor<float> out_f = widened(d_out.download()), lse_f = d_lse.download();
+  Tensor<float> want_q(q.shape(), 7.0f), want_k(k.shape(), 7.0f), want_v(dv_shape, 7.0f);
+  std::vector<float> want_sinks(dsinks.size(), 7.0f);
+  PlanOptions ref_options;
+  ref_options.backward = true;
+  attention_backward(plan_attention<backends::Reference>(shape, mask, ref_options), ref_in, out_f.view(), lse_f.view(),
+                     dout_f.view(),
+                     AttentionGrads<float>{want_q.view(), want_k.view(), want_v.view(), std::span<float>(want_sinks)},
+                     variant, execution::Serial{});
+
+  const bool bf16 = std::is_same_v<T, bfloat16>;
+  const double tol = bf16 ? 4e-2 : 1e-2, max_nmse = bf16 ? 1e-3 : 1e-4;
+  INFO(shape);
+  auto check_gradient = [&](const char* name, const Tensor<float>& got, const Tensor<float>& want, double tolerance) {
+    std::string first;
+    const index_t bad = gradient_mismatches(got, want, tolerance, max_nmse, first);
+    INFO(name << ": " << bad << " mismatches; first: " << first);
+    CHECK(bad == 0);
+  };
+  check_gradient("dq", widened(got_q), want_q, tol);
+  check_gradient("dk", widened(got_k), want_k, tol);
+  check_gradient("dv", widened(got_v), want_v, tol);
+  // The sinks' gradient: one fp32 sum per head, no storage-type rounding.
+  Tensor<float> got_sinks(detail::make_extents({shape.heads})), ref_sinks(detail::make_extents({shape.heads}));
+  std::copy(dsinks.begin(), dsinks.end(), got_sinks.data());
+  std::copy(want_sinks.begin(), want_sinks.end(), ref_sinks.data());
+  check_gradient("dsinks", got_sinks, ref_sinks, 2.5e-3);
+}
+
+TEST_CASE("cuda backward: every mask kind, BSHD, head dims 64 to 128", "[cuda][gpu][backward]") {
+  std::mt19937 rng(51);
+  each_mask_kind([&](const auto& mask) {
+    for (const auto& [dk, dv] : {std::pair<index_t, index_t>{64, 64}, {72, 72}, {80, 48}, {128, 128}}) {
+      INFO("dk " << dk << ", dv " << dv);
+      const Problem pr = random_bshd(rng, 2, 150, 203, 6, 2, dk, dv);
+      check_cuda_backward<bfloat16>(pr, mask, variants::Default{}, rng);
+    }
+  });
+}
+
+TEST_CASE("cuda backward: long rows, GQA groups, fp16", "[cuda][gpu][backward]") {
+  std::mt19937 rng(52);
+  const Problem pr = random_bshd(rng, 1, 700, 1100, 8, 2, 128, 128);
+  SECTION("causal, bottom-right") {
+    check_cuda_backward<bfloat16>(pr, CausalMask{Alignment::bottom_right}, variants::Default{}, rng);
+  }
+  SECTION("window") {
+    check_cuda_backward<bfloat16>(pr, SlidingWindowMask{300, 0, Alignment::bottom_right}, variants::Default{}, rng);
+  }
+  SECTION("full, fp16") { check_cuda_backward<float16>(pr, FullMask{}, variants::Default{}, rng); }
+  SECTION("more queries than keys") {
+    const Problem tall = random_bshd(rng, 2, 900, 70, 4, 1, 64, 64);
+    check_cuda_backward<bfloat16>(tall, CausalMask{}, variants::Default{}, rng);
+    check_cuda_backward<float16>(tall, FullMask{}, variants::Default{}, rng);
+  }
+}
+
+TEST_CASE("cuda backward: score variants and the sinks' gradient", "[cuda][gpu][backward]") {
+  std::mt19937 rng(53);
+  const Problem pr = random_bshd(rng, 2, 190, 260, 4, 2, 128, 128);
+  const std::vector<float> slopes{0.5f, 0.25f, 0.125f, 0.0625f}, sinks{1.0f, -2.0f, 0.0f, 3.0f};
+  const CausalMask causal{Alignment::bottom_right};
+  SECTION("scale") { check_cuda_backward<bfloat16>(pr, causal, variants::Scale{0.3f}, rng); }
+  SECTION("softcap") {
+    check_cuda_backward<bfloat16>(pr, causal, variants::chain(variants::Scale{1.0f}, variants::Softcap{5.0f}), rng);
+  }
+  SECTION("sinks, dsinks on the host and on the device") {
+    check_cuda_backward<bfloat16>(pr, TestBlankRowsMask{}, variants::Sinks{sinks}, rng);
+    BackwardCase on_device;
+    on_device.dsinks_on_device = true;
+    check_cuda_backward<bfloat16>(pr, causal, variants::Sinks{sinks}, rng, on_device);
+  }
+  SECTION("alibi") { check_cuda_backward<bfloat16>(pr, causal, variants::Alibi{slopes}, rng); }
+  SECTION("softcap then alibi, with sinks") {
+    check_cuda_backward<bfloat16>(
+        pr, causal, variants::chain(variants::Softcap{8.0f}, variants::Alibi{slopes}, variants::Sinks{sinks}), rng);
+  }
+  SECTION("standard") {
+    variants::Standard s;
+    s.scale_value = 0.2f;
+    s.softcap = {10.0f};
+    s.sinks = {sinks};
+    check_cuda_backward<bfloat16>(pr, causal, s, rng);
+  }
+}
+
+TEST_CASE("cuda backward: packed THD with empty segments, data-driven masks", "[cuda][gpu][backward][thd]") {
+  std::mt19937 rng(54);
+  SECTION("varlen causal with empty and one-token segments") {
+    const std::vector<std::int32_t> q_off{0, 5, 5, 300, 301}, q_len{5, 0, 295, 1, 200};
+    const std::vector<std::int32_t> kv_off{0, 10, 10, 400, 401}, kv_len{10, 0, 390, 1, 0};
+    const SegmentTable table{q_off, q_len, kv_off, kv_len};
+    Problem pr{random_tensor<float>(detail::make_extents({501, 4, 128}), rng),
+               random_tensor<float>(detail::make_extents({401, 1, 128}), rng),
+               random_tensor<float>(detail::make_extents({401, 1, 128}), rng), &table};
+    check_cuda_backward<bfloat16>(pr, CausalMask{Alignment::bottom_right}, variants::Default{}, rng);
+  }
+  SECTION("no queries at all: dK and dV are zero") {
+    const std::vector<std::int32_t> q_off{0, 0}, q_len{0, 0}, kv_off{0, 30}, kv_len{30, 70};
+    const SegmentTable table{q_off, q_len, kv_off, kv_len};
+    Problem pr{random_tensor<float>(detail::make_extents({4, 2, 64}), rng),
+               random_tensor<float>(detail::make_extents({100, 1, 64}), rng),
+               random_tensor<float>(detail::make_extents({100, 1, 64}), rng), &table};
+    check_cuda_backward<bfloat16>(pr, FullMask{}, variants::Default{}, rng);
+  }
+  SECTION("multi-item requests") {
+    MultiItemLayout layout;
+    layout.add_items(20, std::vector<index_t>{7, 0, 30, 12});
+    layout.add_items(130, std::vector<index_t>{1, 2, 3, 70});
+    const RaggedLengths lengths = layout.lengths();
+    std::vector<std::int32_t> offsets, lens;
+    index_t tokens = 3;
+    for (index_t b = 0; b < lengths.batch(); ++b) {
+      offsets.push_back(static_cast<std::int32_t>(tokens));
+      lens.push_back(static_cast<std::int32_t>(lengths.q[static_cast<std::size_t>(b)]));
+      tokens += lengths.q[static_cast<std::size_t>(b)];
+    }
+    const SegmentTable table{offsets, lens, offsets, lens};
+    Problem pr{random_tensor<float>(detail::make_extents({tokens, 8, 64}), rng),
+               random_tensor<float>(detail::make_extents({tokens, 2, 64}), rng),
+               random_tensor<float>(detail::make_extents({tokens, 2, 64}), rng), &table};
+    check_cuda_backward<bfloat16>(pr, multi_item_mask(layout), variants::Default{}, rng);
+  }
+  SECTION("documents and top-k") {
+    const index_t batch = 2, len = 333;
+    const Problem pr = random_bshd(rng, batch, len, len, 4, 2, 128, 128);
+    std::vector<std::int32_t> ids;
+    for (index_t b = 0; b < batch; ++b)
+      for (index_t t = 0; t < len; ++t) ids.push_back(static_cast<std::int32_t>(1 + t / (17 + 40 * b)));
+    const DocumentLayout docs =
+        DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), Extents{batch, len}));
+    check_cuda_backward<bfloat16>(pr, document_mask(docs, CausalMask{}), variants::Default{}, rng);
+    std::vector<float> scores(static_cast<std::size_t>(batch * len * len));
+    std::normal_distribution<float> dist;
+    for (float& s : scores) s = dist(rng);
+    const Tensor<std::int32_t> idx = top_k(TensorView<const float>(scores.data(), Extents{batch, len, len}), 40);
+    const TopKLayout top = TopKLayout::from_indices(idx.view(), len);
+    check_cuda_backward<bfloat16>(pr, topk_mask(top) & CausalMask{}, variants::Default{}, rng);
+  }
+}
+
+TEST_CASE("cuda backward: NaN policy: values the mask hides never reach a gradient", "[cuda][gpu][backward][nan]") {
+  std::mt19937 rng(55);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  // Documents of 50, 70 and 40 tokens; document 1 holds NaN and infinities in
+  // K, V, Q and dO rows that tiles share with the other documents.
+  Problem pr = random_bshd(rng, 1, 160, 160, 4, 2, 128, 128);
+  for (index_t e = 0; e < 128; ++e) {
+    pr.v(0, 118, 0, e) = nan;
+    pr.v(0, 119, 1, e) = e % 2 ? inf : -inf;
+  }
+  pr.k(0, 100, 1, 5) = nan;
+  pr.q(0, 80, 2, 3) = nan;
+  Tensor<float> dout = random_tensor<float>(detail::make_extents({1, 160, 4, 128}), rng);
+  dout(0, 90, 1, 7) = nan;
+  const TestDocumentMask documents{{50, 70, 40}};
+  BackwardCase bc;
+  bc.dout = &dout;
+  check_cuda_backward<bfloat16>(pr, documents, variants::Default{}, rng, bc);
+  check_cuda_backward<float16>(pr, documents, variants::Default{}, rng, bc);
+  const std::vector<float> sinks{0.5f, -1.0f, 2.0f, 0.0f};
+  check_cuda_backward<bfloat16>(pr, documents, variants::Sinks{sinks}, rng, bc);
+}
+
+TEST_CASE("cuda backward: bad calls throw and name the problem", "[cuda][gpu][backward][errors]") {
+  std::mt19937 rng(56);
+  const Problem pr = random_bshd(rng, 1, 40, 40, 2, 2, 64, 64);
+  const Tensor<bfloat16> q = rounded_to<bfloat16>(pr.q), k = rounded_to<bfloat16>(pr.k), v = rounded_to<bfloat16>(pr.v);
+  const DeviceTensor<bfloat16> dq(q), dk(k), dv(v);
+  DeviceTensor<bfloat16> out(q), gq(q), gk(k), gv(v);
+  DeviceTensor<float> lse(Tensor<float>(detail::make_extents({1, 2, 40}), 0.0f));
+  const AttentionInputs<bfloat16> in{dq.view(), dk.view(), dv.view()};
+  const TensorView<const bfloat16> out_view(out.buffer.data(), q.shape());
+  const TensorView<const float> lse_view(lse.buffer.data(), lse.shape);
+  const auto forward_only = plan_attention<backends::Cuda>(shape_of(in), CausalMask{});
+  CHECK_THROWS_WITH(attention_backward(forward_only, in, out_view, lse_view, out_view, gq.view(), gk.view(), gv.view(),
+                                       cuda::Stream{}),
+                    ContainsSubstring("PlanOptions::backward"));
+  PlanOptions backward;
+  backward.backward = true;
+  AttentionShape wide = shape_of(in);
+  wide.dk = wide.dv = 256;
+  CHECK_THROWS_WITH(plan_attention<backends::Cuda>(wide, CausalMask{}, backward),
+                    ContainsSubstring("backward pass supports head dims up to 128"));
+  const auto plan = plan_attention<backends::Cuda>(shape_of(in), CausalMask{}, backward);
+  const Tensor<bfloat16> host_dout(q.shape());
+  CHECK_THROWS_WITH(attention_backward(plan, in, out_view, lse_view, host_dout.view(), gq.view(), gk.view(), gv.view(),
+                                       cuda::Stream{}),
+                    ContainsSubstring("attention_backward (Cuda): dout must point to device memory"));
 }
 
 }  // namespace

@@ -4,12 +4,15 @@
 //     element against the mask description's own predicate;
 //   - plan_launch (backends/cuda/launch_plan.hpp): head dims, GQA packing,
 //     work items, their order, KV splits and workspace sizes, checked against
-//     the rules the header documents, restated here independently.
+//     the rules the header documents, restated here independently;
+//   - the backward's planning: the transposed layout the key pass reads,
+//     element by element against the predicate, and plan_backward_launch.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -802,6 +805,164 @@ TEST_CASE("plan_launch: a device mask built for other sequences is refused", "[c
   const AttentionShape longer = make_shape(RaggedLengths::uniform(1, 100, 101), 1, 1, 64, 64);
   CHECK_THROWS_WITH(plan_launch(longer, dl, {}, 132), ContainsSubstring("other lengths"));
   CHECK_NOTHROW(plan_launch(make_shape(RaggedLengths::uniform(1, 100, 100), 1, 1, 64, 64), dl, {}, 132));
+}
+
+// ---- Backward planning ------------------------------------------------------
+
+namespace {
+
+// The key pass's view of the mask, rebuilt element by element from the
+// transposed device layout alone (rows: key blocks of 64; entries: q-blocks of
+// 128; tile bits: per key, two words over the block's queries) and compared
+// with the description's predicate.
+void check_key_layout(const AnyMask& mask, const BlockMask& bm, const DeviceMaskLayout& keys, index_t heads) {
+  const RaggedLengths& l = bm.lengths();
+  CHECK(keys.block.q == 64);
+  CHECK(keys.block.kv == 128);
+  CHECK(keys.words_per_row == 2);
+  CHECK(keys.lengths.q == l.kv);
+  CHECK(keys.lengths.kv == l.q);
+  CHECK(keys.mask_heads == bm.heads());
+  const bool invariant = bm.heads() == 1;
+  index_t mismatches = 0, unordered = 0;
+  std::string first;
+  index_t rows_before = 0;
+  for (index_t b = 0; b < l.batch(); ++b) {
+    const index_t q_len = l.q[static_cast<std::size_t>(b)], kv_len = l.kv[static_cast<std::size_t>(b)];
+    const index_t nqb = (q_len + 127) / 128, nkb = (kv_len + 63) / 64;
+    CHECK(keys.row_base[static_cast<std::size_t>(b)] == rows_before);
+    rows_before += nkb * bm.heads();
+    for (index_t h = 0; h < heads; ++h) {
+      if (invariant && h != 0 && h != heads - 1) continue;
+      const MaskContext ctx{b, h, q_len, kv_len};
+      for (index_t kb = 0; kb < nkb; ++kb) {
+        const auto r =
+            static_cast<std::size_t>(keys.row_base[static_cast<std::size_t>(b)] + (invariant ? 0 : h) * nkb + kb);
+        std::vector<std::int32_t> kind(static_cast<std::size_t>(nqb), -2);  // -2 absent, -1 full, else tile
+        for (auto i = keys.row_offsets[r]; i < keys.row_offsets[r + 1]; ++i) {
+          const KvTileEntry e = keys.entries[static_cast<std::size_t>(i)];
+          unordered += i > keys.row_offsets[r] && keys.entries[static_cast<std::size_t>(i) - 1].kv_block >= e.kv_block;
+          if (e.kv_block >= 0 && e.kv_block < nqb) kind[static_cast<std::size_t>(e.kv_block)] = e.tile;
+        }
+        for (index_t qb = 0; qb < nqb; ++qb) {
+          const std::int32_t k = kind[static_cast<std::size_t>(qb)];
+          for (index_t key_local = 0; key_local < 64; ++key_local) {
+            const index_t kv = kb * 64 + key_local;
+            for (index_t q_local = 0; q_local < 128; ++q_local) {
+              const index_t q = qb * 128 + q_local;
+              const bool inside = q < q_len && kv < kv_len;
+              bool dev = false;
+              if (k == -1) {
+                dev = inside;
+              } else if (k >= 0 && k < keys.num_tiles()) {
+                const auto word = keys.tile_bits[static_cast<std::size_t>((k * 64 + key_local) * 2 + q_local / 64)];
+                dev = (word >> (q_local % 64)) & 1u;
+              }
+              const bool want = inside && mask.allowed(ctx, q, kv);
+              if (dev != want && mismatches++ == 0) {
+                first = detail::concat("b=", b, " h=", h, " q=", q, " kv=", kv, " (tile kind ", k, "): device ", dev,
+                                       ", mask ", want);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  INFO("first element mismatch: " << first);
+  CHECK(mismatches == 0);
+  CHECK(unordered == 0);
+}
+
+index_t layout_row_length(const DeviceMaskLayout& dl, index_t row) {
+  return dl.row_offsets[static_cast<std::size_t>(row) + 1] - dl.row_offsets[static_cast<std::size_t>(row)];
+}
+
+// plan_backward_launch's documented rules, restated: every query block and
+// every key block exactly once, longest (head-0) row first.
+void check_backward_plan(const AttentionShape& shape, const DeviceMaskLayout& dl, const DeviceMaskLayout& keys,
+                         const cuda::BackwardLaunchPlan& plan) {
+  INFO("shape: " << shape);
+  CHECK(plan.head_dim == expected_head_dim(shape.dk, shape.dv));
+  index_t tokens = 0, want_queries = 0, want_keys = 0;
+  REQUIRE(plan.q_token_base.size() == static_cast<std::size_t>(shape.batch()));
+  for (index_t b = 0; b < shape.batch(); ++b) {
+    CHECK(plan.q_token_base[static_cast<std::size_t>(b)] == tokens);
+    tokens += shape.q_len(b);
+    want_queries += (shape.q_len(b) + 127) / 128;
+    want_keys += (shape.kv_len(b) + 63) / 64;
+  }
+  CHECK(plan.q_tokens == tokens);
+  CHECK(plan.workspace_rows(shape.heads) == tokens * shape.heads);
+  CHECK(static_cast<index_t>(plan.query_items.size()) == want_queries);
+  CHECK(static_cast<index_t>(plan.key_items.size()) == want_keys);
+  std::set<std::pair<index_t, index_t>> queries, key_blocks;
+  index_t bad = 0, order_breaks = 0, prev = -1;
+  for (const auto& item : plan.query_items) {
+    bad += item.batch < 0 || item.batch >= shape.batch() || item.q_begin % 128 != 0 || item.q_begin < 0 ||
+           item.q_begin >= shape.q_len(item.batch);
+    if (bad) break;
+    queries.insert({item.batch, item.q_begin});
+    const index_t t = layout_row_length(dl, dl.row_base[static_cast<std::size_t>(item.batch)] + item.q_begin / 128);
+    order_breaks += prev >= 0 && t > prev;
+    prev = t;
+  }
+  prev = -1;
+  for (const auto& item : plan.key_items) {
+    bad += item.batch < 0 || item.batch >= shape.batch() || item.kv_block < 0 ||
+           item.kv_block * 64 >= shape.kv_len(item.batch);
+    if (bad) break;
+    key_blocks.insert({item.batch, item.kv_block});
+    const index_t t = layout_row_length(keys, keys.row_base[static_cast<std::size_t>(item.batch)] + item.kv_block);
+    order_breaks += prev >= 0 && t > prev;
+    prev = t;
+  }
+  CHECK(bad == 0);
+  CHECK(static_cast<index_t>(queries.size()) == want_queries);
+  CHECK(static_cast<index_t>(key_blocks.size()) == want_keys);
+  CHECK(order_breaks == 0);
+}
+
+}  // namespace
+
+TEST_CASE("Key-side device mask: the transposed layout equals the mask, element by element", "[cuda][plan]") {
+  std::mt19937 rng(777);
+  for (int trial = 0; trial < 80; ++trial) {
+    const MaskCase c = random_mask_case(rng, 300);
+    INFO("trial " << trial << ": " << describe(c));
+    const BlockMask bm = build_block_mask(c.mask, c.lengths, c.heads, kCudaBlock);
+    check_key_layout(c.mask, bm, build_device_mask_layout(bm.transposed()), c.heads);
+  }
+}
+
+TEST_CASE("plan_backward_launch on random shapes and masks", "[cuda][plan]") {
+  std::mt19937 rng(4242);
+  static constexpr index_t kDims[] = {8, 64, 72, 80, 128};
+  for (int trial = 0; trial < 60; ++trial) {
+    const MaskCase c = random_mask_case(rng, 1200);
+    const index_t kv_heads = pick(rng, 1, 3);
+    const AttentionShape shape =
+        make_shape(c.lengths, kv_heads * pick(rng, 1, 4), kv_heads, kDims[pick(rng, 0, 4)], kDims[pick(rng, 0, 4)]);
+    INFO("trial " << trial << ": " << describe(c));
+    const BlockMask bm = build_block_mask(c.mask, c.lengths, c.heads, kCudaBlock);
+    const DeviceMaskLayout dl = build_device_mask_layout(bm);
+    const DeviceMaskLayout keys = build_device_mask_layout(bm.transposed());
+    check_backward_plan(shape, dl, keys, cuda::plan_backward_launch(shape, dl, keys));
+  }
+}
+
+TEST_CASE("plan_backward_launch refuses head dims over 128 and a key layout that is not the transpose",
+          "[cuda][plan]") {
+  const RaggedLengths lengths = RaggedLengths::uniform(2, 300, 200);
+  const BlockMask bm = build_block_mask(CausalMask{}, lengths, 4, kCudaBlock);
+  const DeviceMaskLayout dl = build_device_mask_layout(bm), keys = build_device_mask_layout(bm.transposed());
+  CHECK_NOTHROW(cuda::plan_backward_launch(make_shape(lengths, 4, 2, 128, 128), dl, keys));
+  CHECK_THROWS_WITH(cuda::plan_backward_launch(make_shape(lengths, 4, 2, 136, 128), dl, keys),
+                    ContainsSubstring("head dims up to 128") && ContainsSubstring("dk 136"));
+  CHECK_THROWS_WITH(cuda::plan_backward_launch(make_shape(lengths, 4, 2, 64, 256), dl, keys),
+                    ContainsSubstring("dv 256"));
+  CHECK_THROWS_WITH(cuda::plan_backward_launch(make_shape(lengths, 4, 2, 64, 64), dl, dl),
+                    ContainsSubstring("not the transpose"));
 }
 
 }  // namespace seqattn_test_cuda_cuda_plan_test

@@ -15,6 +15,14 @@
 // bits) and allocates the split workspace once; a call allocates nothing
 // (the page list's buffer grows once to the largest cache seen).
 //
+// Backward (attention_backward; plan with PlanOptions::backward = true): dQ,
+// dK, dV and the sinks' gradient for every mask kind, GQA, BSHD and THD, the
+// same variants, head dims up to 128, deterministic (no atomics: a key pass
+// over the transposed device mask, a query pass over the forward one;
+// backends/cuda/backward_kernel.cuh). Planning also uploads the transposed
+// mask and allocates the per-row workspace. dsinks may be host memory (the
+// call then waits for the stream before it returns) or device memory.
+//
 // Variants with a device form: Default, Scale, Softcap, Sinks, Alibi, Standard
 // and Chains of them (softcap before ALiBi). Host-function variants (Bias,
 // ScoreMod) have no device form and are rejected at compile time.
@@ -46,6 +54,7 @@
 #include "seqattn/attention/plan.hpp"
 #include "seqattn/attention/run.hpp"
 #include "seqattn/attention/variants.hpp"
+#include "seqattn/backends/cuda/backward_kernel.cuh"
 #include "seqattn/backends/cuda/device_mask.hpp"
 #include "seqattn/backends/cuda/forward_kernel.cuh"
 #include "seqattn/backends/cuda/launch_plan.hpp"
@@ -115,6 +124,21 @@ struct Stream {
   }
 };
 
+// What a plan made with PlanOptions::backward keeps for attention_backward.
+struct DeviceBackwardPlan {
+  DeviceMaskLayout keys;  // the transposed BlockMask's layout (host copy)
+  BackwardLaunchPlan launch;
+  DeviceBuffer<std::int32_t> key_row_offsets;
+  DeviceBuffer<KvTileEntry> key_entries;
+  DeviceBuffer<std::uint64_t> key_tile_bits;
+  DeviceBuffer<WorkItem> query_items;
+  DeviceBuffer<KeyWorkItem> key_items;
+  DeviceBuffer<float> delta, lse_log2, sink_terms, dsinks;
+  DeviceBuffer<detail::BackwardSequence> sequences;
+  std::vector<detail::BackwardSequence> sequences_held, sequences_staged;
+  std::array<const void*, 9> pointers_checked{};  // q, k, v, out, lse, dout, dq, dk, dv last found on this device
+};
+
 // What a plan keeps on the device.
 struct DevicePlan {
   int device = 0;
@@ -143,6 +167,7 @@ struct DevicePlan {
   cudaStream_t last_stream = nullptr;
   std::uint64_t calls = 0;
   std::array<const void*, 5> pointers_checked{};  // q, k, v, out, lse last found on this device
+  std::unique_ptr<DeviceBackwardPlan> backward;   // with PlanOptions::backward
 
   DevicePlan() = default;
   DevicePlan(const DevicePlan&) = delete;
@@ -209,25 +234,35 @@ template <class T>
 using DeviceStorage = std::conditional_t<std::is_same_v<T, bfloat16>, bfloat16, float16>;
 
 // Throws unless `p` is device memory of the current device (or managed).
-inline void require_device_pointer(const void* p, const char* name, int device) {
+inline void require_device_pointer(const void* p, const char* name, int device,
+                                   const char* who = "attention_forward (Cuda)") {
   if (p == nullptr) return;
   cudaPointerAttributes attr{};
   check(cudaPointerGetAttributes(&attr, p), "cudaPointerGetAttributes");
-  seqattn::detail::require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
-                           "attention_forward (Cuda): ", name,
+  seqattn::detail::require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged, who, ": ", name,
                            " must point to device memory (cudaMalloc, a torch CUDA tensor, ...), got a host pointer");
-  seqattn::detail::require(attr.type == cudaMemoryTypeManaged || attr.device == device,
-                           "attention_forward (Cuda): ", name, " lives on device ", attr.device,
-                           " but the plan was made on device ", device);
+  seqattn::detail::require(attr.type == cudaMemoryTypeManaged || attr.device == device, who, ": ", name,
+                           " lives on device ", attr.device, " but the plan was made on device ", device);
 }
 
-inline void require_row_layout(const seqattn::detail::TensorStrides& s, const void* base, const char* name) {
-  seqattn::detail::require(s.dim == 1, "attention_forward (Cuda): ", name,
+// Rows the kernels copy in 16-byte chunks (q, k, v, dout).
+inline void require_row_layout(const seqattn::detail::TensorStrides& s, const void* base, const char* name,
+                               const char* who = "attention_forward (Cuda)") {
+  seqattn::detail::require(s.dim == 1, who, ": ", name,
                            " must be contiguous in the head dim (stride 1), got dim stride ", s.dim);
-  seqattn::detail::require(s.token % 8 == 0 && s.head % 8 == 0 && reinterpret_cast<std::uintptr_t>(base) % 16 == 0,
-                           "attention_forward (Cuda): ", name,
+  seqattn::detail::require(s.token % 8 == 0 && s.head % 8 == 0 && reinterpret_cast<std::uintptr_t>(base) % 16 == 0, who,
+                           ": ", name,
                            " rows must be 16-byte aligned: token and head strides multiples of 8 elements (got ",
                            s.token, " and ", s.head, ") and a 16-byte aligned base pointer");
+}
+
+// Rows the kernels write two elements at a time (out, dq, dk, dv).
+inline void require_pair_layout(const seqattn::detail::TensorStrides& s, const void* base, const char* name,
+                                const char* who) {
+  seqattn::detail::require(
+      s.dim == 1 && s.token % 2 == 0 && s.head % 2 == 0 && reinterpret_cast<std::uintptr_t>(base) % 4 == 0, who, ": ",
+      name, " must be contiguous in the head dim with even token and head strides, got strides (token ", s.token,
+      ", head ", s.head, ", dim ", s.dim, ")");
 }
 
 // Raises a kernel's dynamic shared memory limit once per device (the
@@ -300,6 +335,56 @@ void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_
   }
 }
 
+template <class T, int D, bool kScoreMod>
+void launch_backward(const BackwardParams<T>& p, const BackwardLaunchPlan& lp, cudaStream_t stream) {
+  const auto query_ctas = static_cast<unsigned>(lp.query_items.size());
+  const auto heads = static_cast<unsigned>(p.heads), kv_heads = static_cast<unsigned>(p.heads / p.group);
+  // No query at all (every q_len 0): the key pass alone writes dK = dV = 0.
+  if (query_ctas > 0) {
+    backward_rows_kernel<T><<<dim3(query_ctas, heads), kBackwardRowThreads, 0, stream>>>(p);
+    check(cudaGetLastError(), "backward_rows_kernel launch");
+  }
+  if (p.dsinks) {
+    sink_grad_kernel<T><<<heads, kSinkGradThreads, 0, stream>>>(p);
+    check(cudaGetLastError(), "sink_grad_kernel launch");
+  }
+  constexpr int kKeySmem = KeyGradConfig<D>::kSmemBytes, kQuerySmem = QueryGradConfig<D>::kSmemBytes;
+  allow_shared_memory<&key_grad_kernel<T, D, kScoreMod>>(kKeySmem, "cudaFuncSetAttribute(key_grad_kernel)");
+  allow_shared_memory<&query_grad_kernel<T, D, kScoreMod>>(kQuerySmem, "cudaFuncSetAttribute(query_grad_kernel)");
+  if (!lp.key_items.empty()) {
+    key_grad_kernel<T, D, kScoreMod>
+        <<<dim3(static_cast<unsigned>(lp.key_items.size()), kv_heads), KeyGradConfig<D>::kThreads, kKeySmem, stream>>>(
+            p);
+    check(cudaGetLastError(), "key_grad_kernel launch");
+  }
+  if (query_ctas > 0) {
+    query_grad_kernel<T, D, kScoreMod>
+        <<<dim3(query_ctas, heads), QueryGradConfig<D>::kThreads, kQuerySmem, stream>>>(p);
+    check(cudaGetLastError(), "query_grad_kernel launch");
+  }
+}
+
+#if defined(SEQATTN_CUDA_SEPARATE_INSTANCES) && !defined(SEQATTN_CUDA_INSTANCE_TU)
+#define SEQATTN_CUDA_EXTERN_BACKWARD(T, D)                                                               \
+  extern template void launch_backward<T, D, false>(const BackwardParams<T>&, const BackwardLaunchPlan&, \
+                                                    cudaStream_t);                                       \
+  extern template void launch_backward<T, D, true>(const BackwardParams<T>&, const BackwardLaunchPlan&, cudaStream_t);
+SEQATTN_CUDA_EXTERN_BACKWARD(bfloat16, 64)
+SEQATTN_CUDA_EXTERN_BACKWARD(bfloat16, 128)
+SEQATTN_CUDA_EXTERN_BACKWARD(float16, 64)
+SEQATTN_CUDA_EXTERN_BACKWARD(float16, 128)
+#undef SEQATTN_CUDA_EXTERN_BACKWARD
+#endif
+
+template <class T, int D>
+void launch_backward(const BackwardParams<T>& p, const BackwardLaunchPlan& lp, cudaStream_t stream) {
+  if (p.softcap_log2 != 0.0f || p.alibi_slopes != nullptr || !(p.scale_log2 > 0.0f)) {
+    launch_backward<T, D, true>(p, lp, stream);
+  } else {
+    launch_backward<T, D, false>(p, lp, stream);
+  }
+}
+
 }  // namespace detail
 }  // namespace seqattn::cuda
 
@@ -349,6 +434,7 @@ struct Cuda {
     d->sinks = cuda::DeviceBuffer<float>(static_cast<std::size_t>(shape.heads));
     d->slopes = cuda::DeviceBuffer<float>(static_cast<std::size_t>(shape.heads));
     cuda::check(cudaEventCreateWithFlags(&d->last_call, cudaEventDisableTiming), "cudaEventCreate");
+    if (options.backward) d->backward = plan_backward(shape, bm, d->layout);
     return {std::move(d)};
   }
 
@@ -369,7 +455,210 @@ struct Cuda {
     }
   }
 
+  template <class Backend, class T, class V, class Exec>
+  static void backward(const AttentionPlan<Backend>& plan, const detail::BackwardProblem<T>& problem, const V& variant,
+                       Exec& exec) {
+    if constexpr (!kStores<T>) {
+      detail::throw_invalid(
+          "attention_backward: backend Cuda computes on bf16 or fp16 storage (seqattn::bfloat16, "
+          "seqattn::float16); got fp32 inputs");
+    } else {
+      cudaStream_t stream = nullptr;
+      if constexpr (std::is_same_v<std::decay_t<Exec>, cuda::Stream>) stream = exec.stream;
+      const bool wait = run_backward(plan, problem, cuda::detail::device_variant(variant, problem.fwd.dk), stream);
+      if (wait || !std::is_same_v<std::decay_t<Exec>, cuda::Stream>) {
+        cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      }
+    }
+  }
+
  private:
+  static std::unique_ptr<cuda::DeviceBackwardPlan> plan_backward(const AttentionShape& shape, const BlockMask& bm,
+                                                                 const cuda::DeviceMaskLayout& layout) {
+    auto b = std::make_unique<cuda::DeviceBackwardPlan>();
+    b->keys = cuda::build_device_mask_layout(bm.transposed());
+    b->launch = cuda::plan_backward_launch(shape, layout, b->keys);
+    b->key_row_offsets = cuda::upload(b->keys.row_offsets);
+    b->key_entries = cuda::upload(b->keys.entries);
+    b->key_tile_bits = cuda::upload(b->keys.tile_bits);
+    b->query_items = cuda::upload(b->launch.query_items);
+    b->key_items = cuda::upload(b->launch.key_items);
+    const auto rows = static_cast<std::size_t>(b->launch.workspace_rows(shape.heads));
+    b->delta = cuda::DeviceBuffer<float>(rows);
+    b->lse_log2 = cuda::DeviceBuffer<float>(rows);
+    b->sink_terms = cuda::DeviceBuffer<float>(rows);
+    b->dsinks = cuda::DeviceBuffer<float>(static_cast<std::size_t>(shape.heads));
+    b->sequences = cuda::DeviceBuffer<cuda::detail::BackwardSequence>(static_cast<std::size_t>(shape.batch()));
+    return b;
+  }
+
+  static void require_current_device(const cuda::DevicePlan& d, const char* who) {
+    int device = 0;
+    cuda::check(cudaGetDevice(&device), "cudaGetDevice");
+    detail::require(device == d.device, who, ": the plan was made on device ", d.device, " but device ", device,
+                    " is current");
+  }
+
+  // Calls on one stream are ordered already; another stream waits for the
+  // previous call before its uploads overwrite the plan's buffers.
+  static void order_after_last_call(cuda::DevicePlan& d, cudaStream_t stream) {
+    if (d.calls > 0 && stream != d.last_stream) {
+      cuda::check(cudaStreamWaitEvent(stream, d.last_call, 0), "cudaStreamWaitEvent");
+    }
+  }
+  static void record_call(cuda::DevicePlan& d, cudaStream_t stream) {
+    cuda::check(cudaEventRecord(d.last_call, stream), "cudaEventRecord");
+    d.last_stream = stream;
+    ++d.calls;
+  }
+
+  // Returns whether the caller must wait for the stream (dsinks in host memory).
+  template <class Backend, class T>
+  static bool run_backward(const AttentionPlan<Backend>& plan, const detail::BackwardProblem<T>& bp,
+                           const cuda::DeviceVariant& variant, cudaStream_t stream) {
+    static constexpr const char* kWho = "attention_backward (Cuda)";
+    cuda::DevicePlan& d = *plan.work().device;
+    detail::require(d.backward != nullptr,
+                    "attention_backward: the plan was made without PlanOptions::backward = true");
+    cuda::DeviceBackwardPlan& w = *d.backward;
+    const cuda::BackwardLaunchPlan& lp = w.launch;
+    const detail::AttentionProblem<T>& pr = bp.fwd;
+    require_current_device(d, kWho);
+    std::lock_guard lock(d.call_mutex);
+    const std::array<const void*, 9> ptrs{pr.q,         pr.k,       pr.v,       pr.out,    pr.lse,
+                                          bp.dout.data, bp.dq.data, bp.dk.data, bp.dv.data};
+    if (ptrs != w.pointers_checked) {
+      static constexpr std::array<const char*, 9> kNames{"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+      for (std::size_t i = 0; i < ptrs.size(); ++i) {
+        cuda::detail::require_device_pointer(ptrs[i], kNames[i], d.device, kWho);
+      }
+      w.pointers_checked = ptrs;
+    }
+    cuda::detail::require_row_layout(pr.q_strides, pr.q, "q", kWho);
+    cuda::detail::require_row_layout(pr.k_strides, pr.k, "k", kWho);
+    cuda::detail::require_row_layout(pr.v_strides, pr.v, "v", kWho);
+    cuda::detail::require_row_layout(bp.dout.strides, bp.dout.data, "dout", kWho);
+    detail::require(pr.out_strides.dim == 1, kWho, ": out must be contiguous in the head dim, got dim stride ",
+                    pr.out_strides.dim);
+    cuda::detail::require_pair_layout(bp.dq.strides, bp.dq.data, "dq", kWho);
+    cuda::detail::require_pair_layout(bp.dk.strides, bp.dk.data, "dk", kWho);
+    cuda::detail::require_pair_layout(bp.dv.strides, bp.dv.data, "dv", kWho);
+    bool host_dsinks = false;
+    if (!bp.dsinks.empty()) {
+      cudaPointerAttributes attr{};
+      cuda::check(cudaPointerGetAttributes(&attr, bp.dsinks.data()), "cudaPointerGetAttributes");
+      host_dsinks = attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged;
+      detail::require(host_dsinks || attr.type == cudaMemoryTypeManaged || attr.device == d.device, kWho,
+                      ": dsinks lives on device ", attr.device, " but the plan was made on device ", d.device);
+    }
+
+    using S = cuda::detail::DeviceStorage<T>;
+    cuda::detail::BackwardParams<S> p{};
+    p.q = reinterpret_cast<const S*>(pr.q);
+    p.k = reinterpret_cast<const S*>(pr.k);
+    p.v = reinterpret_cast<const S*>(pr.v);
+    p.out = reinterpret_cast<const S*>(pr.out);
+    p.dout = reinterpret_cast<const S*>(bp.dout.data);
+    p.dq_data = reinterpret_cast<S*>(bp.dq.data);
+    p.dk_data = reinterpret_cast<S*>(bp.dk.data);
+    p.dv_data = reinterpret_cast<S*>(bp.dv.data);
+    p.lse = pr.lse;
+    p.q_token_stride = pr.q_strides.token;
+    p.q_head_stride = pr.q_strides.head;
+    p.k_token_stride = pr.k_strides.token;
+    p.k_head_stride = pr.k_strides.head;
+    p.v_token_stride = pr.v_strides.token;
+    p.v_head_stride = pr.v_strides.head;
+    p.out_token_stride = pr.out_strides.token;
+    p.out_head_stride = pr.out_strides.head;
+    p.dout_token_stride = bp.dout.strides.token;
+    p.dout_head_stride = bp.dout.strides.head;
+    p.dq_token_stride = bp.dq.strides.token;
+    p.dq_head_stride = bp.dq.strides.head;
+    p.dk_token_stride = bp.dk.strides.token;
+    p.dk_head_stride = bp.dk.strides.head;
+    p.dv_token_stride = bp.dv.strides.token;
+    p.dv_head_stride = bp.dv.strides.head;
+    p.lse_token_stride = pr.lse_strides.token;
+    p.lse_head_stride = pr.lse_strides.head;
+    p.row_offsets = d.row_offsets.data();
+    p.entries = reinterpret_cast<const int2*>(d.entries.data());
+    p.tile_bits = reinterpret_cast<const unsigned long long*>(d.tile_bits.data());
+    p.key_row_offsets = w.key_row_offsets.data();
+    p.key_entries = reinterpret_cast<const int2*>(w.key_entries.data());
+    p.key_tile_bits = reinterpret_cast<const unsigned long long*>(w.key_tile_bits.data());
+    p.query_items = reinterpret_cast<const int2*>(w.query_items.data());
+    p.key_items = reinterpret_cast<const int2*>(w.key_items.data());
+    p.heads = static_cast<int>(pr.heads);
+    p.group = static_cast<int>(pr.group);
+    p.mask_heads = static_cast<int>(d.layout.mask_heads);
+    p.dk = static_cast<int>(pr.dk);
+    p.dv = static_cast<int>(pr.dv);
+    p.scale = variant.scale;
+    p.scale_log2 = variant.scale * cuda::detail::kLog2e;
+    if (variant.softcap > 0.0f) {
+      p.softcap_log2 = variant.softcap * cuda::detail::kLog2e;
+      p.softcap_inner = variant.scale / variant.softcap;
+    }
+    p.delta = w.delta.data();
+    p.lse_log2 = w.lse_log2.data();
+    p.sink_terms = w.sink_terms.data();
+    p.q_tokens = lp.q_tokens;
+
+    std::vector<cuda::detail::BackwardSequence>& seqs = w.sequences_staged;
+    seqs.resize(pr.sequences.size());
+    for (std::size_t b = 0; b < seqs.size(); ++b) {
+      const detail::SequenceGeometry& g = pr.sequences[b];
+      seqs[b] = {g.q_base,
+                 g.k_base,
+                 g.v_base,
+                 g.out_base,
+                 g.lse_base,
+                 bp.dout.base[b],
+                 bp.dq.base[b],
+                 bp.dk.base[b],
+                 bp.dv.base[b],
+                 static_cast<int>(g.q_len),
+                 static_cast<int>(g.kv_len),
+                 d.layout.row_base[b],
+                 w.keys.row_base[b],
+                 lp.q_token_base[b]};
+    }
+    order_after_last_call(d, stream);
+    upload_if_changed(w.sequences.data(), std::span<const cuda::detail::BackwardSequence>(seqs), w.sequences_held,
+                      stream, "cudaMemcpyAsync(backward sequences)");
+    if (!variant.slopes.empty()) {
+      upload_if_changed(d.slopes.data(), variant.slopes, d.slopes_held, stream, "cudaMemcpyAsync(ALiBi slopes)");
+      p.alibi_slopes = d.slopes.data();
+    }
+    const bool sink_grad = !bp.dsinks.empty() && !variant.sinks.empty();
+    if (sink_grad) {
+      upload_if_changed(d.sinks.data(), variant.sinks, d.sinks_held, stream, "cudaMemcpyAsync(sinks)");
+      p.sinks = d.sinks.data();
+      p.dsinks = host_dsinks ? w.dsinks.data() : bp.dsinks.data();
+    } else if (!bp.dsinks.empty()) {  // no sinks in the variant: their gradient is 0
+      if (host_dsinks) {
+        std::fill(bp.dsinks.begin(), bp.dsinks.end(), 0.0f);
+        host_dsinks = false;
+      } else {
+        cuda::check(cudaMemsetAsync(bp.dsinks.data(), 0, bp.dsinks.size_bytes(), stream), "cudaMemsetAsync(dsinks)");
+      }
+    }
+    p.sequences = w.sequences.data();
+    if (lp.head_dim == 64) {
+      cuda::detail::launch_backward<S, 64>(p, lp, stream);
+    } else {
+      cuda::detail::launch_backward<S, 128>(p, lp, stream);
+    }
+    if (host_dsinks) {
+      cuda::check(
+          cudaMemcpyAsync(bp.dsinks.data(), w.dsinks.data(), bp.dsinks.size_bytes(), cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync(dsinks)");
+    }
+    record_call(d, stream);
+    return host_dsinks;
+  }
+
   // Stream-ordered upload of a call's small host array into a plan buffer,
   // skipped when the buffer already holds these bytes.
   template <class E>
@@ -386,10 +675,7 @@ struct Cuda {
                   const cuda::DeviceVariant& variant, cudaStream_t stream) {
     cuda::DevicePlan& d = *plan.work().device;
     const cuda::LaunchPlan& lp = d.launch;
-    int device = 0;
-    cuda::check(cudaGetDevice(&device), "cudaGetDevice");
-    detail::require(device == d.device, "attention_forward (Cuda): the plan was made on device ", d.device,
-                    " but device ", device, " is current");
+    require_current_device(d, "attention_forward (Cuda)");
     // One call at a time touches the plan's host-side state and buffers.
     std::lock_guard lock(d.call_mutex);
     // cudaPointerGetAttributes costs about a microsecond each: decode steps
@@ -406,12 +692,7 @@ struct Cuda {
     cuda::detail::require_row_layout(pr.q_strides, pr.q, "q");
     cuda::detail::require_row_layout(pr.k_strides, pr.k, "k");
     cuda::detail::require_row_layout(pr.v_strides, pr.v, "v");
-    detail::require(
-        pr.out_strides.dim == 1 && pr.out_strides.token % 2 == 0 && pr.out_strides.head % 2 == 0 &&
-            reinterpret_cast<std::uintptr_t>(pr.out) % 4 == 0,
-        "attention_forward (Cuda): out must be contiguous in the head dim with even token and head strides, "
-        "got strides (token ",
-        pr.out_strides.token, ", head ", pr.out_strides.head, ", dim ", pr.out_strides.dim, ")");
+    cuda::detail::require_pair_layout(pr.out_strides, pr.out, "out", "attention_forward (Cuda)");
     const bool paged = pr.paging.page_size > 0;
     if (paged) {
       detail::require(pr.paging.k_page_stride % 8 == 0 && pr.paging.v_page_stride % 8 == 0,
@@ -483,11 +764,7 @@ struct Cuda {
         for (index_t i = 0; i < n; ++i) pages.push_back(g.pages[i * pr.paging.table_stride]);
       }
     }
-    // Calls on one stream are ordered already; another stream waits for the
-    // previous call before its uploads overwrite the plan's buffers.
-    if (d.calls > 0 && stream != d.last_stream) {
-      cuda::check(cudaStreamWaitEvent(stream, d.last_call, 0), "cudaStreamWaitEvent");
-    }
+    order_after_last_call(d, stream);
     upload_if_changed(d.sequences.data(), std::span<const cuda::detail::DeviceSequence>(seqs), d.sequences_held, stream,
                       "cudaMemcpyAsync(sequences)");
     if (!variant.sinks.empty()) {
@@ -525,9 +802,7 @@ struct Cuda {
           break;
       }
     }
-    cuda::check(cudaEventRecord(d.last_call, stream), "cudaEventRecord");
-    d.last_stream = stream;
-    ++d.calls;
+    record_call(d, stream);
   }
 };
 

@@ -152,7 +152,7 @@ void reference_backward_row(const BackwardProblem<T>& bp, const BlockMask& mask,
   }
   double delta = 0.0;
   for (index_t e = 0; e < p.dv; ++e) delta += at(d_o, bp.dout.strides.dim, e) * o[static_cast<std::size_t>(e)];
-  sink_grad -= std::exp(sink - lse) * delta;
+  if (variant_has_sink(variant)) sink_grad -= std::exp(sink - lse) * delta;  // no sink: no gradient, NaN rows too
   for (index_t j = 0; j < s.kv_len; ++j) {
     const double pj = weight(j);
     if (pj == 0.0) continue;

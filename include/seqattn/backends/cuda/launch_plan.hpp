@@ -22,6 +22,13 @@
 // entries are cut into `kv_splits` contiguous slices run by separate CTAs
 // (grid.z); their partial outputs and LSEs go to an fp32 workspace and a
 // second kernel merges them by LSE (adding sinks there).
+//
+// Backward (plan_backward_launch): the key pass takes 64 keys of one K/V head
+// per CTA (grid.x: (sequence, kv-block) items, grid.y: K/V heads) and walks
+// the key block's row of the transposed mask for every query head of its
+// group; the query pass takes 128 queries of one head (grid.x: (sequence,
+// first query) items, grid.y: heads) and walks the forward mask row. Items
+// are ordered longest row first, as in the forward.
 #pragma once
 
 #include <algorithm>
@@ -80,6 +87,14 @@ inline index_t padded_head_dim(index_t dk, index_t dv) {
   return d <= 64 ? 64 : d <= 128 ? 128 : 256;
 }
 
+// Appends the items of (weight, item) pairs to `out`, heaviest first (ties
+// keep their order), so that the tail of a grid is short work.
+template <class Item>
+void longest_first(std::vector<std::pair<index_t, Item>>& weighted, std::vector<Item>& out) {
+  std::stable_sort(weighted.begin(), weighted.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& w : weighted) out.push_back(w.second);
+}
+
 inline LaunchPlan plan_launch(const AttentionShape& shape, const DeviceMaskLayout& mask, const PlanOptions& options,
                               index_t num_sms) {
   seqattn::detail::require(mask.block.q == kBlockQ && mask.block.kv == kBlockKv,
@@ -116,8 +131,7 @@ inline LaunchPlan plan_launch(const AttentionShape& shape, const DeviceMaskLayou
       weighted.push_back({tiles, {static_cast<std::int32_t>(b), static_cast<std::int32_t>(q)}});
     }
   }
-  std::stable_sort(weighted.begin(), weighted.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& w : weighted) plan.items.push_back(w.second);
+  longest_first(weighted, plan.items);
   seqattn::detail::require(static_cast<index_t>(plan.items.size()) <= INT32_MAX && plan.head_groups <= 65535,
                            "Cuda backend: the grid (", plan.items.size(), " work items x ", plan.head_groups,
                            " head groups) exceeds CUDA's grid limits");
@@ -136,6 +150,65 @@ inline LaunchPlan plan_launch(const AttentionShape& shape, const DeviceMaskLayou
       plan.kv_splits = std::clamp<index_t>(std::min(want, max_tiles / kMinTilesPerSplit), 1, kMaxKvSplits);
     }
   }
+  return plan;
+}
+
+struct KeyWorkItem {
+  std::int32_t batch = 0;
+  std::int32_t kv_block = 0;
+  friend bool operator==(const KeyWorkItem&, const KeyWorkItem&) = default;
+};
+
+inline constexpr index_t kMaxBackwardHeadDim = 128;
+
+struct BackwardLaunchPlan {
+  index_t head_dim = 0;                // 64 or 128
+  std::vector<WorkItem> query_items;   // grid.x of the row and query passes
+  std::vector<KeyWorkItem> key_items;  // grid.x of the key pass
+  std::vector<std::int64_t> q_token_base;
+  index_t q_tokens = 0;
+
+  // fp32 elements of each per-row workspace (D, LSE, sink terms): [q_tokens][heads].
+  index_t workspace_rows(index_t heads) const { return q_tokens * heads; }
+};
+
+// `keys` is the device layout of the transposed BlockMask (block shape
+// (kBlockKv, kBlockQ): rows are key blocks, two words of tile bits per key).
+inline BackwardLaunchPlan plan_backward_launch(const AttentionShape& shape, const DeviceMaskLayout& mask,
+                                               const DeviceMaskLayout& keys) {
+  seqattn::detail::require(shape.dk <= kMaxBackwardHeadDim && shape.dv <= kMaxBackwardHeadDim,
+                           "Cuda backend: the backward pass supports head dims up to ", kMaxBackwardHeadDim,
+                           ", got dk ", shape.dk, ", dv ", shape.dv);
+  seqattn::detail::require(keys.block.q == kBlockKv && keys.block.kv == kBlockQ && keys.words_per_row == 2 &&
+                               keys.lengths.q == mask.lengths.kv && keys.lengths.kv == mask.lengths.q,
+                           "Cuda backend: the key-side device mask is not the transpose of the forward one (block "
+                           "shape (",
+                           keys.block.q, ", ", keys.block.kv, "))");
+  BackwardLaunchPlan plan;
+  plan.head_dim = padded_head_dim(shape.dk, shape.dv);
+  auto row_length = [](const DeviceMaskLayout& m, index_t row) {
+    return m.row_offsets[static_cast<std::size_t>(row) + 1] - m.row_offsets[static_cast<std::size_t>(row)];
+  };
+  std::vector<std::pair<index_t, WorkItem>> queries;
+  std::vector<std::pair<index_t, KeyWorkItem>> key_blocks;
+  for (index_t b = 0; b < shape.batch(); ++b) {
+    plan.q_token_base.push_back(plan.q_tokens);
+    plan.q_tokens = seqattn::detail::checked_add(plan.q_tokens, shape.q_len(b), "Cuda backend: total query tokens");
+    for (index_t q = 0; q < shape.q_len(b); q += kBlockQ) {
+      const index_t row = mask.row_base[static_cast<std::size_t>(b)] + q / kBlockQ;
+      queries.push_back({row_length(mask, row), {static_cast<std::int32_t>(b), static_cast<std::int32_t>(q)}});
+    }
+    for (index_t kb = 0; kb * kBlockKv < shape.kv_len(b); ++kb) {
+      const index_t row = keys.row_base[static_cast<std::size_t>(b)] + kb;
+      key_blocks.push_back({row_length(keys, row), {static_cast<std::int32_t>(b), static_cast<std::int32_t>(kb)}});
+    }
+  }
+  longest_first(queries, plan.query_items);
+  longest_first(key_blocks, plan.key_items);
+  seqattn::detail::require(static_cast<index_t>(plan.query_items.size()) <= INT32_MAX &&
+                               static_cast<index_t>(plan.key_items.size()) <= INT32_MAX && shape.heads <= 65535,
+                           "Cuda backend: the backward grid (", plan.query_items.size(), " query items, ",
+                           plan.key_items.size(), " key items, ", shape.heads, " heads) exceeds CUDA's grid limits");
   return plan;
 }
 

@@ -130,10 +130,10 @@ trap 'rm -rf "$outside"' EXIT
 step "pytest"
 
 # The atheris fuzz target over the entry points (python/tests/fuzz), for
-# SEQATTN_FUZZ_SECONDS (default 30; 0 skips it), on a fresh corpus in the
+# SEQATTN_FUZZ_SECONDS (default 20; 0 skips it), on a fresh corpus in the
 # build tree seeded from the checked-in one; reproducers land in
 # build/python-fuzz/artifacts.
-fuzz_seconds="${SEQATTN_FUZZ_SECONDS:-30}"
+fuzz_seconds="${SEQATTN_FUZZ_SECONDS:-20}"
 if [[ "$fuzz_seconds" != 0 ]]; then
   fuzz_dir="$root/build/python-fuzz"
   rm -rf "$fuzz_dir/corpus"

@@ -66,6 +66,34 @@ Problem random_bshd(std::mt19937& rng, index_t batch, index_t sq, index_t skv, i
           random_tensor<float>(detail::make_extents({batch, skv, kv_heads, dv}), rng)};
 }
 
+// The inputs rounded to T, the same values widened to fp32 for the reference,
+// and the shapes of out and LSE.
+template <class T>
+struct Rounded {
+  Tensor<T> q, k, v;
+  Tensor<float> qf, kf, vf;
+  AttentionInputs<float> ref_in;
+  AttentionShape shape;
+  Extents out_shape, lse_shape;
+
+  explicit Rounded(const Problem& pr)
+      : q(rounded_to<T>(pr.q)),
+        k(rounded_to<T>(pr.k)),
+        v(rounded_to<T>(pr.v)),
+        qf(widened(q)),
+        kf(widened(k)),
+        vf(widened(v)),
+        ref_in{qf.view(), kf.view(), vf.view(), pr.segments},
+        shape(shape_of(ref_in)),
+        out_shape(pr.q.shape()) {
+    out_shape[out_shape.rank() - 1] = shape.dv;
+    lse_shape = shape.layout == Layout::bshd ? detail::make_extents({shape.batch(), shape.heads, pr.q.extent(1)})
+                                             : detail::make_extents({shape.heads, pr.q.extent(0)});
+  }
+  Rounded(const Rounded&) = delete;  // ref_in views the members
+  Rounded& operator=(const Rounded&) = delete;
+};
+
 struct Result {
   Tensor<float> out, lse;
   AttentionShape shape;
@@ -75,15 +103,11 @@ struct Result {
 // on the same rounded values in fp32; checks every output element and LSE.
 template <class T, class M, class V>
 Result check_cuda(const Problem& pr, const M& mask, const V& variant, PlanOptions options = {}) {
-  const Tensor<T> q = rounded_to<T>(pr.q), k = rounded_to<T>(pr.k), v = rounded_to<T>(pr.v);
-  const Tensor<float> qf = widened(q), kf = widened(k), vf = widened(v);
-  const AttentionInputs<float> ref_in{qf.view(), kf.view(), vf.view(), pr.segments};
-  const AttentionShape shape = shape_of(ref_in);
-  Extents out_shape = pr.q.shape();
-  out_shape[out_shape.rank() - 1] = shape.dv;
-  const Extents lse_shape = shape.layout == Layout::bshd
-                                ? detail::make_extents({shape.batch(), shape.heads, pr.q.extent(1)})
-                                : detail::make_extents({shape.heads, pr.q.extent(0)});
+  const Rounded<T> r(pr);
+  const Tensor<T>&q = r.q, &k = r.k, &v = r.v;
+  const AttentionInputs<float>& ref_in = r.ref_in;
+  const AttentionShape& shape = r.shape;
+  const Extents &out_shape = r.out_shape, &lse_shape = r.lse_shape;
   Tensor<float> want(out_shape, 7.0f), want_lse(lse_shape, 7.0f);
   attention_forward(plan_attention<backends::Reference>(shape, mask), ref_in, want.view(), want_lse.view(), variant);
 
@@ -258,6 +282,30 @@ TEST_CASE("cuda: paged K/V cache", "[cuda][gpu][paged]") {
   }
 }
 
+// The requests of a multi-item layout packed as THD (8 query heads over 2
+// K/V heads, d = 64), after a gap of 3 tokens: rows nobody writes.
+struct PackedRequests {
+  std::vector<std::int32_t> offsets, lens;
+  SegmentTable table;
+  Problem problem;
+
+  PackedRequests(const MultiItemLayout& layout, std::mt19937& rng) {
+    const RaggedLengths lengths = layout.lengths();
+    index_t tokens = 3;
+    for (index_t b = 0; b < lengths.batch(); ++b) {
+      offsets.push_back(static_cast<std::int32_t>(tokens));
+      lens.push_back(static_cast<std::int32_t>(lengths.q[static_cast<std::size_t>(b)]));
+      tokens += lengths.q[static_cast<std::size_t>(b)];
+    }
+    table = SegmentTable{offsets, lens, offsets, lens};
+    problem = Problem{random_tensor<float>(detail::make_extents({tokens, 8, 64}), rng),
+                      random_tensor<float>(detail::make_extents({tokens, 2, 64}), rng),
+                      random_tensor<float>(detail::make_extents({tokens, 2, 64}), rng), &table};
+  }
+  PackedRequests(const PackedRequests&) = delete;  // table views offsets and lens, problem the table
+  PackedRequests& operator=(const PackedRequests&) = delete;
+};
+
 TEST_CASE("cuda: packed THD with empty segments", "[cuda][gpu][thd]") {
   std::mt19937 rng(14);
   SECTION("multi-item requests") {
@@ -265,19 +313,8 @@ TEST_CASE("cuda: packed THD with empty segments", "[cuda][gpu][thd]") {
     layout.add_items(20, std::vector<index_t>{7, 0, 30, 12});
     layout.add_items(5, std::vector<index_t>{40});
     layout.add_items(130, std::vector<index_t>{1, 2, 3, 70});
-    const RaggedLengths lengths = layout.lengths();
-    std::vector<std::int32_t> offsets, lens;
-    index_t tokens = 3;  // a gap before the first segment: rows nobody writes
-    for (index_t b = 0; b < lengths.batch(); ++b) {
-      offsets.push_back(static_cast<std::int32_t>(tokens));
-      lens.push_back(static_cast<std::int32_t>(lengths.q[static_cast<std::size_t>(b)]));
-      tokens += lengths.q[static_cast<std::size_t>(b)];
-    }
-    const SegmentTable table{offsets, lens, offsets, lens};
-    Problem pr{random_tensor<float>(detail::make_extents({tokens, 8, 64}), rng),
-               random_tensor<float>(detail::make_extents({tokens, 2, 64}), rng),
-               random_tensor<float>(detail::make_extents({tokens, 2, 64}), rng), &table};
-    check_cuda<bfloat16>(pr, multi_item_mask(layout), variants::Default{});
+    const PackedRequests requests(layout, rng);
+    check_cuda<bfloat16>(requests.problem, multi_item_mask(layout), variants::Default{});
   }
   SECTION("varlen causal with empty and one-token segments") {
     const std::vector<std::int32_t> q_off{0, 5, 5, 300, 301}, q_len{5, 0, 295, 1, 200};
@@ -416,15 +453,11 @@ TEST_CASE("cuda: bad calls throw and name the problem", "[cuda][gpu][errors]") {
 // everything else within the tolerance of check_cuda.
 template <class T, class M, class V>
 void check_cuda_policy(const Problem& pr, const M& mask, const V& variant, PlanOptions options = {}) {
-  const Tensor<T> q = rounded_to<T>(pr.q), k = rounded_to<T>(pr.k), v = rounded_to<T>(pr.v);
-  const Tensor<float> qf = widened(q), kf = widened(k), vf = widened(v);
-  const AttentionInputs<float> ref_in{qf.view(), kf.view(), vf.view(), pr.segments};
-  const AttentionShape shape = shape_of(ref_in);
-  Extents out_shape = pr.q.shape();
-  out_shape[out_shape.rank() - 1] = shape.dv;
-  const Extents lse_shape = shape.layout == Layout::bshd
-                                ? detail::make_extents({shape.batch(), shape.heads, pr.q.extent(1)})
-                                : detail::make_extents({shape.heads, pr.q.extent(0)});
+  const Rounded<T> r(pr);
+  const Tensor<T>&q = r.q, &k = r.k, &v = r.v;
+  const AttentionInputs<float>& ref_in = r.ref_in;
+  const AttentionShape& shape = r.shape;
+  const Extents &out_shape = r.out_shape, &lse_shape = r.lse_shape;
   Tensor<float> want(out_shape, 7.0f), want_lse(lse_shape, 7.0f);
   attention_forward(plan_attention<backends::Reference>(shape, mask), ref_in, want.view(), want_lse.view(), variant);
 
@@ -459,11 +492,11 @@ void check_cuda_policy(const Problem& pr, const M& mask, const V& variant, PlanO
   CHECK(mismatches(got_lse, want_lse, 1e-3) == 0);
 }
 
-TEST_CASE("cuda: NaN policy: values the mask hides never reach a row", "[cuda][gpu][nan]") {
-  std::mt19937 rng(41);
+// Documents of 50, 70 and 40 tokens in one sequence (TestDocumentMask{{50, 70,
+// 40}}); document 1 holds NaN and infinities in K, V and Q rows that tiles
+// share with the other documents.
+Problem documents_with_non_finite_values(std::mt19937& rng) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  // Documents of 50, 70 and 40 tokens in one sequence; document 1 holds NaN
-  // and infinities in K and V rows that tiles share with the other documents.
   Problem pr = random_bshd(rng, 1, 160, 160, 4, 2, 128, 128);
   for (index_t e = 0; e < 128; ++e) {
     pr.v(0, 118, 0, e) = nan;
@@ -471,6 +504,12 @@ TEST_CASE("cuda: NaN policy: values the mask hides never reach a row", "[cuda][g
   }
   pr.k(0, 100, 1, 5) = nan;
   pr.q(0, 80, 2, 3) = nan;
+  return pr;
+}
+
+TEST_CASE("cuda: NaN policy: values the mask hides never reach a row", "[cuda][gpu][nan]") {
+  std::mt19937 rng(41);
+  const Problem pr = documents_with_non_finite_values(rng);
   const TestDocumentMask documents{{50, 70, 40}};
   check_cuda_policy<bfloat16>(pr, documents, variants::Default{});
   check_cuda_policy<float16>(pr, documents, variants::Default{});
@@ -560,15 +599,11 @@ struct BackwardCase {
 // sinks' gradient. Two backward calls must agree bit for bit (determinism).
 template <class T, class M, class V>
 void check_cuda_backward(const Problem& pr, const M& mask, const V& variant, std::mt19937& rng, BackwardCase bc = {}) {
-  const Tensor<T> q = rounded_to<T>(pr.q), k = rounded_to<T>(pr.k), v = rounded_to<T>(pr.v);
-  const Tensor<float> qf = widened(q), kf = widened(k), vf = widened(v);
-  const AttentionInputs<float> ref_in{qf.view(), kf.view(), vf.view(), pr.segments};
-  const AttentionShape shape = shape_of(ref_in);
-  Extents out_shape = pr.q.shape();
-  out_shape[out_shape.rank() - 1] = shape.dv;
-  const Extents lse_shape = shape.layout == Layout::bshd
-                                ? detail::make_extents({shape.batch(), shape.heads, pr.q.extent(1)})
-                                : detail::make_extents({shape.heads, pr.q.extent(0)});
+  const Rounded<T> r(pr);
+  const Tensor<T>&q = r.q, &k = r.k, &v = r.v;
+  const AttentionInputs<float>& ref_in = r.ref_in;
+  const AttentionShape& shape = r.shape;
+  const Extents &out_shape = r.out_shape, &lse_shape = r.lse_shape;
   const Tensor<T> dout = rounded_to<T>(bc.dout ? *bc.dout : random_tensor<float>(out_shape, rng));
   const Tensor<float> dout_f = widened(dout);
 
@@ -719,19 +754,8 @@ TEST_CASE("cuda backward: packed THD with empty segments, data-driven masks", "[
     MultiItemLayout layout;
     layout.add_items(20, std::vector<index_t>{7, 0, 30, 12});
     layout.add_items(130, std::vector<index_t>{1, 2, 3, 70});
-    const RaggedLengths lengths = layout.lengths();
-    std::vector<std::int32_t> offsets, lens;
-    index_t tokens = 3;
-    for (index_t b = 0; b < lengths.batch(); ++b) {
-      offsets.push_back(static_cast<std::int32_t>(tokens));
-      lens.push_back(static_cast<std::int32_t>(lengths.q[static_cast<std::size_t>(b)]));
-      tokens += lengths.q[static_cast<std::size_t>(b)];
-    }
-    const SegmentTable table{offsets, lens, offsets, lens};
-    Problem pr{random_tensor<float>(detail::make_extents({tokens, 8, 64}), rng),
-               random_tensor<float>(detail::make_extents({tokens, 2, 64}), rng),
-               random_tensor<float>(detail::make_extents({tokens, 2, 64}), rng), &table};
-    check_cuda_backward<bfloat16>(pr, multi_item_mask(layout), variants::Default{}, rng);
+    const PackedRequests requests(layout, rng);
+    check_cuda_backward<bfloat16>(requests.problem, multi_item_mask(layout), variants::Default{}, rng);
   }
   SECTION("documents and top-k") {
     const index_t batch = 2, len = 333;
@@ -753,18 +777,10 @@ TEST_CASE("cuda backward: packed THD with empty segments, data-driven masks", "[
 
 TEST_CASE("cuda backward: NaN policy: values the mask hides never reach a gradient", "[cuda][gpu][backward][nan]") {
   std::mt19937 rng(55);
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  // Documents of 50, 70 and 40 tokens; document 1 holds NaN and infinities in
-  // K, V, Q and dO rows that tiles share with the other documents.
-  Problem pr = random_bshd(rng, 1, 160, 160, 4, 2, 128, 128);
-  for (index_t e = 0; e < 128; ++e) {
-    pr.v(0, 118, 0, e) = nan;
-    pr.v(0, 119, 1, e) = e % 2 ? inf : -inf;
-  }
-  pr.k(0, 100, 1, 5) = nan;
-  pr.q(0, 80, 2, 3) = nan;
+  // As in the forward's policy test, and a NaN in one dO row of document 1.
+  const Problem pr = documents_with_non_finite_values(rng);
   Tensor<float> dout = random_tensor<float>(detail::make_extents({1, 160, 4, 128}), rng);
-  dout(0, 90, 1, 7) = nan;
+  dout(0, 90, 1, 7) = std::numeric_limits<float>::quiet_NaN();
   const TestDocumentMask documents{{50, 70, 40}};
   BackwardCase bc;
   bc.dout = &dout;

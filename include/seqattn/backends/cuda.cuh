@@ -325,10 +325,16 @@ SEQATTN_CUDA_EXTERN_LAUNCH(float16, 256)
 #endif
 
 // Plain scores (a positive scale, nothing else) fold the scale into the
-// exponent; anything else takes the score-modifying instantiation.
+// exponent; anything else takes the score-modifying instantiation (forward
+// and backward parameters name the variant's fields alike).
+template <class Params>
+bool modifies_scores(const Params& p) {
+  return p.softcap_log2 != 0.0f || p.alibi_slopes != nullptr || !(p.scale_log2 > 0.0f);
+}
+
 template <class T, int D>
 void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_t stream) {
-  if (p.softcap_log2 != 0.0f || p.alibi_slopes != nullptr || !(p.scale_log2 > 0.0f)) {
+  if (modifies_scores(p)) {
     launch_forward<T, D, true>(p, lp, stream);
   } else {
     launch_forward<T, D, false>(p, lp, stream);
@@ -378,7 +384,7 @@ SEQATTN_CUDA_EXTERN_BACKWARD(float16, 128)
 
 template <class T, int D>
 void launch_backward(const BackwardParams<T>& p, const BackwardLaunchPlan& lp, cudaStream_t stream) {
-  if (p.softcap_log2 != 0.0f || p.alibi_slopes != nullptr || !(p.scale_log2 > 0.0f)) {
+  if (modifies_scores(p)) {
     launch_backward<T, D, true>(p, lp, stream);
   } else {
     launch_backward<T, D, false>(p, lp, stream);
@@ -438,6 +444,19 @@ struct Cuda {
     return {std::move(d)};
   }
 
+  // A call runs on the stream of a cuda::Stream executor and returns before
+  // the GPU is done; any other executor runs it on the default stream and waits.
+  template <class Exec>
+  static constexpr bool kAsync = std::is_same_v<std::decay_t<Exec>, cuda::Stream>;
+  template <class Exec>
+  static cudaStream_t stream_of(const Exec& exec) {
+    if constexpr (kAsync<Exec>) {
+      return exec.stream;
+    } else {
+      return nullptr;
+    }
+  }
+
   template <class Backend, class T, class V, class Exec>
   static void forward(const AttentionPlan<Backend>& plan, const detail::AttentionProblem<T>& problem, const V& variant,
                       Exec& exec) {
@@ -446,12 +465,9 @@ struct Cuda {
           "attention_forward: backend Cuda computes on bf16 or fp16 storage (seqattn::bfloat16, "
           "seqattn::float16); got fp32 inputs");
     } else {
-      cudaStream_t stream = nullptr;
-      if constexpr (std::is_same_v<std::decay_t<Exec>, cuda::Stream>) stream = exec.stream;
+      const cudaStream_t stream = stream_of(exec);
       run(plan, problem, cuda::detail::device_variant(variant, problem.dk), stream);
-      if constexpr (!std::is_same_v<std::decay_t<Exec>, cuda::Stream>) {
-        cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      }
+      if (!kAsync<Exec>) cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     }
   }
 
@@ -463,12 +479,9 @@ struct Cuda {
           "attention_backward: backend Cuda computes on bf16 or fp16 storage (seqattn::bfloat16, "
           "seqattn::float16); got fp32 inputs");
     } else {
-      cudaStream_t stream = nullptr;
-      if constexpr (std::is_same_v<std::decay_t<Exec>, cuda::Stream>) stream = exec.stream;
+      const cudaStream_t stream = stream_of(exec);
       const bool wait = run_backward(plan, problem, cuda::detail::device_variant(variant, problem.fwd.dk), stream);
-      if (wait || !std::is_same_v<std::decay_t<Exec>, cuda::Stream>) {
-        cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      }
+      if (wait || !kAsync<Exec>) cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     }
   }
 

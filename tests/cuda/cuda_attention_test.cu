@@ -306,6 +306,22 @@ struct PackedRequests {
   PackedRequests& operator=(const PackedRequests&) = delete;
 };
 
+// Packed THD with an empty segment, a one-token one and one without keys
+// (4 query heads over 1 K/V head, d = 128).
+struct VarlenSegments {
+  std::vector<std::int32_t> q_off{0, 5, 5, 300, 301}, q_len{5, 0, 295, 1, 200};
+  std::vector<std::int32_t> kv_off{0, 10, 10, 400, 401}, kv_len{10, 0, 390, 1, 0};
+  SegmentTable table{q_off, q_len, kv_off, kv_len};
+  Problem problem;
+
+  explicit VarlenSegments(std::mt19937& rng)
+      : problem{random_tensor<float>(detail::make_extents({501, 4, 128}), rng),
+                random_tensor<float>(detail::make_extents({401, 1, 128}), rng),
+                random_tensor<float>(detail::make_extents({401, 1, 128}), rng), &table} {}
+  VarlenSegments(const VarlenSegments&) = delete;  // table views the vectors, problem the table
+  VarlenSegments& operator=(const VarlenSegments&) = delete;
+};
+
 TEST_CASE("cuda: packed THD with empty segments", "[cuda][gpu][thd]") {
   std::mt19937 rng(14);
   SECTION("multi-item requests") {
@@ -317,13 +333,8 @@ TEST_CASE("cuda: packed THD with empty segments", "[cuda][gpu][thd]") {
     check_cuda<bfloat16>(requests.problem, multi_item_mask(layout), variants::Default{});
   }
   SECTION("varlen causal with empty and one-token segments") {
-    const std::vector<std::int32_t> q_off{0, 5, 5, 300, 301}, q_len{5, 0, 295, 1, 200};
-    const std::vector<std::int32_t> kv_off{0, 10, 10, 400, 401}, kv_len{10, 0, 390, 1, 0};
-    const SegmentTable table{q_off, q_len, kv_off, kv_len};
-    Problem pr{random_tensor<float>(detail::make_extents({501, 4, 128}), rng),
-               random_tensor<float>(detail::make_extents({401, 1, 128}), rng),
-               random_tensor<float>(detail::make_extents({401, 1, 128}), rng), &table};
-    check_cuda<bfloat16>(pr, CausalMask{Alignment::bottom_right}, variants::Default{});
+    const VarlenSegments varlen(rng);
+    check_cuda<bfloat16>(varlen.problem, CausalMask{Alignment::bottom_right}, variants::Default{});
   }
 }
 
@@ -734,13 +745,8 @@ TEST_CASE("cuda backward: score variants and the sinks' gradient", "[cuda][gpu][
 TEST_CASE("cuda backward: packed THD with empty segments, data-driven masks", "[cuda][gpu][backward][thd]") {
   std::mt19937 rng(54);
   SECTION("varlen causal with empty and one-token segments") {
-    const std::vector<std::int32_t> q_off{0, 5, 5, 300, 301}, q_len{5, 0, 295, 1, 200};
-    const std::vector<std::int32_t> kv_off{0, 10, 10, 400, 401}, kv_len{10, 0, 390, 1, 0};
-    const SegmentTable table{q_off, q_len, kv_off, kv_len};
-    Problem pr{random_tensor<float>(detail::make_extents({501, 4, 128}), rng),
-               random_tensor<float>(detail::make_extents({401, 1, 128}), rng),
-               random_tensor<float>(detail::make_extents({401, 1, 128}), rng), &table};
-    check_cuda_backward<bfloat16>(pr, CausalMask{Alignment::bottom_right}, variants::Default{}, rng);
+    const VarlenSegments varlen(rng);
+    check_cuda_backward<bfloat16>(varlen.problem, CausalMask{Alignment::bottom_right}, variants::Default{}, rng);
   }
   SECTION("no queries at all: dK and dV are zero") {
     const std::vector<std::int32_t> q_off{0, 0}, q_len{0, 0}, kv_off{0, 30}, kv_len{30, 70};

@@ -240,6 +240,58 @@ TEST_CASE("AnyMask answers like document, multi-item, top-k, dense and per-head 
   }
 }
 
+// Erased leaves with interval rows keep their rows through row_intervals:
+// compositions of them, and documents around them, classify every tile
+// exactly (as a scan would) and write tile bits an interval at a time.
+template <class M>
+void require_exact_classes(const M& concrete, const AnyMask& erased, const RaggedLengths& lengths, std::mt19937& rng) {
+  const BlockShape block{std::uniform_int_distribution<index_t>(1, 24)(rng),
+                         std::uniform_int_distribution<index_t>(1, 80)(rng)};
+  const BlockMask got = build_block_mask(erased, lengths, 1, block);
+  for (index_t b = 0; b < lengths.batch(); ++b) {
+    const MaskContext ctx{b, 0, lengths.q[static_cast<std::size_t>(b)], lengths.kv[static_cast<std::size_t>(b)]};
+    for (index_t q = 0; q < ctx.q_len; ++q) REQUIRE(erased.row_intervals(ctx, q).exact);
+    for (index_t qb = 0; qb < got.num_q_blocks(b); ++qb) {
+      index_t full = 0, partial = 0;
+      for (index_t kb = 0; kb < got.num_kv_blocks(b); ++kb) {
+        const TileClass c = detail::classify_by_scan(concrete, ctx, got.tile(b, qb, kb));
+        INFO("batch " << b << " q-block " << qb << " kv-block " << kb);
+        REQUIRE(erased.classify(ctx, got.tile(b, qb, kb)) == c);
+        full += c == TileClass::full;
+        partial += c == TileClass::partial;
+      }
+      index_t listed_full = 0;
+      for (const BlockRange r : got.full_ranges(b, 0, qb)) listed_full += r.end - r.begin;
+      REQUIRE(listed_full == full);
+      REQUIRE(static_cast<index_t>(got.partial_blocks(b, 0, qb).size()) == partial);
+    }
+  }
+  seqattn::testing::check_block_mask(erased, got, 1);
+}
+
+TEST_CASE("Compositions and documents of AnyMasks classify exactly") {
+  std::mt19937 rng(14);
+  const std::vector<std::int32_t> ids{1, 1, 1, 2, 2, 2, 2, 0, 0, 3, 1, 1, 2, 2, 2, 3, 3, 3, 3, 0};
+  const std::vector<std::int32_t> pos{0, 1, 2, 0, 1, 2, 3, 0, 0, 4, 0, 1, 0, 1, 2, 0, 1, 2, 3, 0};
+  const auto layout = std::make_shared<const DocumentLayout>(
+      DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), Extents{2, 10}),
+                                       TensorView<const std::int32_t>(pos.data(), Extents{2, 10})));
+  const AnyMask causal = CausalMask{}, slide = SlidingWindowMask{3, 1}, chunk = ChunkedCausalMask{4};
+  for (int trial = 0; trial < 10; ++trial) {
+    const RaggedLengths lengths = random_lengths(rng, 2, 70, trial % 2 == 0);
+    require_exact_classes(CausalMask{} & SlidingWindowMask{3, 1}, causal & slide, lengths, rng);
+    require_exact_classes(ChunkedCausalMask{4} | ~SlidingWindowMask{3, 1}, AnyMask(chunk | ~slide), lengths, rng);
+    require_exact_classes(document_mask(*layout, CausalMask{} & SlidingWindowMask{3, 1}),
+                          AnyMask(document_mask(*layout, AnyMask(causal & slide)), layout), layout->lengths(), rng);
+  }
+  // A leaf without interval rows leaves its rows inexact: callers fall back to the predicate.
+  Tensor<std::uint8_t> dense(Extents{1, 1, 10, 10});
+  for (auto& v : dense.values()) v = 1;
+  const AnyMask erased_dense = DenseMask<std::uint8_t>{dense.view()};
+  CHECK(!erased_dense.row_intervals(MaskContext{0, 0, 10, 10}, 3).exact);
+  CHECK(!AnyMask(causal & erased_dense).row_intervals(MaskContext{0, 0, 10, 10}, 3).exact);
+}
+
 TEST_CASE("AnyMask forwards checks and builds head-invariant masks once") {
   const AnyMask chunk = ChunkedCausalMask{0};
   CHECK_THROWS_WITH(build_block_mask(chunk, RaggedLengths::uniform(1, 8, 8), 1, {4, 4}),

@@ -99,4 +99,18 @@ struct SegmentTable {
   }
 };
 
+// A SegmentTable with storage of its own (tables parsed from segment ids,
+// tables a plan keeps for the calls it serves).
+struct OwnedSegmentTable {
+  std::vector<std::int32_t> q_offsets, q_lens, kv_offsets, kv_lens;
+
+  void push_back(std::int32_t q_offset, std::int32_t q_len, std::int32_t kv_offset, std::int32_t kv_len) {
+    q_offsets.push_back(q_offset);
+    q_lens.push_back(q_len);
+    kv_offsets.push_back(kv_offset);
+    kv_lens.push_back(kv_len);
+  }
+  SegmentTable view() const { return {q_offsets, q_lens, kv_offsets, kv_lens}; }
+};
+
 }  // namespace seqattn

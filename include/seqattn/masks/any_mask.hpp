@@ -23,6 +23,11 @@
 //     for the description (its interval, its own row_bits, or its predicate),
 //     so tile bits stay word-at-a-time for interval masks;
 //   - check is forwarded;
+//   - row_intervals is always offered: the description's rows as interval
+//     sets when it has them, else an inexact set, on which every caller falls
+//     back to what it does without the hook; so and / or / not / document of
+//     AnyMasks classify row by row and write tile bits an interval at a time
+//     (planning a document mask of ids that change every call stays cheap);
 //   - row_interval / first_row_reaching are not offered (AnyMask cannot
 //     promise interval rows for every description); an `and` of two interval
 //     masks keeps its O(1) classes when composed before erasure;
@@ -118,6 +123,7 @@ class AnyMask {
   void row_bits(const MaskContext& ctx, index_t q, index_t kv_begin, index_t kv_end, std::uint64_t* words) const {
     impl().row_bits(ctx, q, kv_begin, kv_end, words);
   }
+  KvIntervalSet row_intervals(const MaskContext& ctx, index_t q) const { return impl().row_intervals(ctx, q); }
   void check(const RaggedLengths& lengths, index_t heads) const { impl().check(lengths, heads); }
 
   // Whether the wrapped description answers alike for every head: its
@@ -145,6 +151,7 @@ class AnyMask {
     virtual KvSpan kv_span(const MaskContext& ctx, index_t q_begin, index_t q_end) const = 0;
     virtual void row_bits(const MaskContext& ctx, index_t q, index_t kv_begin, index_t kv_end,
                           std::uint64_t* words) const = 0;
+    virtual KvIntervalSet row_intervals(const MaskContext& ctx, index_t q) const = 0;
     virtual void check(const RaggedLengths& lengths, index_t heads) const = 0;
     virtual bool invariant_over_heads() const = 0;
     virtual bool has_kv_span() const = 0;
@@ -172,6 +179,13 @@ class AnyMask {
     void row_bits(const MaskContext& ctx, index_t q, index_t kv_begin, index_t kv_end,
                   std::uint64_t* words) const override {
       detail::fill_row_bits(mask, ctx, q, kv_begin, kv_end, words);
+    }
+    KvIntervalSet row_intervals(const MaskContext& ctx, index_t q) const override {
+      if constexpr (RowSetMask<M>) {
+        return detail::row_set(mask, ctx, q);
+      } else {
+        return KvIntervalSet::inexact();
+      }
     }
     void check(const RaggedLengths& lengths, index_t heads) const override {
       if constexpr (HasCheck<M>) mask.check(lengths, heads);

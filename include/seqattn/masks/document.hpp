@@ -26,14 +26,19 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/segment_runs.hpp"
+#include "seqattn/core/segments.hpp"
 #include "seqattn/core/tensor.hpp"
+#include "seqattn/masks/combinators.hpp"
 #include "seqattn/masks/concept.hpp"
 #include "seqattn/masks/structural.hpp"
 
@@ -119,6 +124,40 @@ class DocumentLayout {
   }
   index_t batch() const { return batch_; }
   RaggedLengths lengths() const { return RaggedLengths::uniform(batch_, q_tokens_, kv_tokens_); }
+
+  // The rows packed back to back as THD segments: run i of a row's queries
+  // with run i of its keys, which must carry the same id (the same segments
+  // in the same order on both sides); offsets on the flat token axis, row r
+  // starting at r * T. `who` names the caller in errors.
+  OwnedSegmentTable segment_table(const char* who) const {
+    OwnedSegmentTable t;
+    const DocumentLayoutView v = view();
+    for (index_t b = 0; b < batch_; ++b) {
+      const auto q = v.q_row(b), kv = v.kv_row(b);
+      bool same = q.size() == kv.size();
+      for (std::size_t i = 0; same && i < q.size(); ++i) same = q[i].id == kv[i].id;
+      if (!same) {
+        const auto ids = [](std::span<const SegmentRun> runs) {
+          std::string out = "[";
+          for (const SegmentRun& r : runs) out += (out.size() > 1 ? ", " : "") + std::to_string(r.id);
+          return out + "]";
+        };
+        detail::throw_invalid(who, ": q and kv segment_ids must list the same segments in the same order, got ", ids(q),
+                              " and ", ids(kv), " in row ", b);
+      }
+      // Offsets stay int32 (what kernels consume): the flat axis must fit.
+      const index_t q_row = detail::checked_mul(b, q_tokens_, who), kv_row = detail::checked_mul(b, kv_tokens_, who);
+      detail::require(q_row + q_tokens_ <= std::numeric_limits<std::int32_t>::max() &&
+                          kv_row + kv_tokens_ <= std::numeric_limits<std::int32_t>::max(),
+                      who, ": ", batch_, " rows of (q ", q_tokens_, ", kv ", kv_tokens_,
+                      ") tokens exceed the int32 offsets of a segment table");
+      for (std::size_t i = 0; i < q.size(); ++i) {
+        t.push_back(static_cast<std::int32_t>(q_row + q[i].begin), q[i].end - q[i].begin,
+                    static_cast<std::int32_t>(kv_row + kv[i].begin), kv[i].end - kv[i].begin);
+      }
+    }
+    return t;
+  }
 
  private:
   void build_side(TensorView<const std::int32_t> ids, TensorView<const std::int32_t> pos, const char* side,
@@ -238,6 +277,31 @@ struct DocumentMask {
     const index_t b = std::max<index_t>(kr.begin, kr.begin + local.begin - kr.pos_begin);
     const index_t e = std::min<index_t>(kr.end, kr.begin + local.end - kr.pos_begin);
     return b < e ? KvInterval{b, e} : KvInterval{};
+  }
+
+  // Row q's keys as a set of intervals when the inner mask's rows are sets of
+  // intervals but not one interval (an AnyMask or a combination), so tile
+  // bits are written an interval at a time, never key by key, and the set is
+  // inexact exactly when the inner one is.
+  KvIntervalSet row_intervals(const MaskContext& ctx, index_t q) const
+      requires(RowSetMask<Inner> && !HasRowInterval<Inner>) {
+    const std::int32_t rq = layout.q_run_of_token[static_cast<std::size_t>(ctx.batch * layout.q_tokens + q)];
+    if (rq < 0) return {};
+    const SegmentRun& qr = layout.q_row(ctx.batch)[static_cast<std::size_t>(rq)];
+    if (qr.match < 0) return {};
+    const SegmentRun& kr = layout.kv_row(ctx.batch)[static_cast<std::size_t>(qr.match)];
+    const KvIntervalSet local = detail::row_set(inner, inner_context(ctx, qr, kr), qr.pos_begin + (q - qr.begin));
+    if (!local.exact) return local;
+    KvIntervalSet global;
+    for (int i = 0; i < local.size; ++i) {
+      global.push({std::max<index_t>(kr.begin, kr.begin + local[i].begin - kr.pos_begin),
+                   std::min<index_t>(kr.end, kr.begin + local[i].end - kr.pos_begin)});
+    }
+    return global;
+  }
+  void row_bits(const MaskContext& ctx, index_t q, index_t kv_begin, index_t kv_end, std::uint64_t* words) const
+      requires(RowSetMask<Inner> && !HasRowInterval<Inner>) {
+    detail::row_set_bits(*this, ctx, q, kv_begin, kv_end, words);
   }
 
   // From the runs meeting the tile: O(runs in the tile + log runs).

@@ -39,7 +39,7 @@ from ._core import (
     TileClass,
     TopKMask as _TopKMask,
 )
-from .attention import attention, attention_backward
+from .attention import Plan, attention, attention_backward, plan
 from .descriptors import (
     QKVFormat,
     QKVLayout,
@@ -79,6 +79,7 @@ __all__ = [
     "MultiItemMask",
     "PackedSegments",
     "PerHeadMask",
+    "Plan",
     "PrefixLMMask",
     "QKVFormat",
     "QKVLayout",
@@ -95,6 +96,7 @@ __all__ = [
     "get_seqlens_and_offsets",
     "pack_bits",
     "pack_segments",
+    "plan",
     "simd_target",
     "to_additive",
     "to_ascii",

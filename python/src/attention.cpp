@@ -1,6 +1,9 @@
 // Attention on the CPU engine (backends::Dispatched: the Highway kernels of the
 // best target this CPU has, src/dispatch.cc) for NumPy / DLPack arrays:
-// forward (out, LSE) and backward.
+// plans (seqattn.plan: the BlockMask and the work partition of one call
+// shape, made once and run any number of times), forward (out, LSE) and
+// backward. The engine half (plan_engine, run_forward, run_backward) is
+// shared with the XLA FFI handlers (jax_ffi.cpp).
 #include "seqattn/attention.hpp"
 
 #include <map>
@@ -10,9 +13,11 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 #include <optional>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -24,9 +29,7 @@
 #include "internal.hpp"
 
 namespace seqattn::python {
-namespace {
 
-// Range-checked in 64 bits, then narrowed: 2^32 + 1 must not become 1.
 int resolve_threads(std::int64_t threads) {
   detail::require(threads >= 0, "attention: threads must be >= 0 (0 = all hardware threads), got ", threads);
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -34,6 +37,17 @@ int resolve_threads(std::int64_t threads) {
                   " (limits::kMaxThreads), got ", threads);
   return static_cast<int>(threads);
 }
+
+std::shared_ptr<const EnginePlan> plan_engine(const AttentionShape& shape, const AnyMask& mask, bool backward,
+                                              int threads) {
+  PlanOptions options;
+  options.backward = backward;
+  return std::make_shared<const EnginePlan>(plan_attention<backends::Dispatched>(shape, mask, options, threads));
+}
+
+namespace {
+
+variants::Standard variant_of(const RunOptions& o) { return {o.scale, {o.softcap}, {o.sinks}}; }
 
 // One pool per thread count, kept for the life of the process: starting
 // threads per call would cost more than small attention calls. Deliberately
@@ -57,15 +71,138 @@ void with_executor(int threads, Fn&& fn) {
   }
 }
 
+}  // namespace
+
+void check_run_options(const RunOptions& options, const AttentionShape& shape) {
+  detail::check_variant(variant_of(options), shape);
+}
+
+template <class T>
+void run_forward(const EnginePlan& plan, const RunOptions& options, const AttentionInputs<T>& in, TensorView<T> out,
+                 TensorView<float> lse) {
+  with_executor(options.threads, [&](auto& exec) { attention_forward(plan, in, out, lse, variant_of(options), exec); });
+}
+
+template <class T>
+void run_backward(const EnginePlan& plan, const RunOptions& options, const AttentionInputs<T>& in,
+                  TensorView<const T> out, TensorView<const float> lse, TensorView<const T> dout, TensorView<T> dq,
+                  TensorView<T> dk, TensorView<T> dv) {
+  with_executor(options.threads, [&](auto& exec) {
+    attention_backward(plan, in, out, lse, dout, AttentionGrads<T>{dq, dk, dv}, variant_of(options), exec);
+  });
+}
+
+template void run_forward<float>(const EnginePlan&, const RunOptions&, const AttentionInputs<float>&, TensorView<float>,
+                                 TensorView<float>);
+template void run_forward<bfloat16>(const EnginePlan&, const RunOptions&, const AttentionInputs<bfloat16>&,
+                                    TensorView<bfloat16>, TensorView<float>);
+template void run_backward<float>(const EnginePlan&, const RunOptions&, const AttentionInputs<float>&,
+                                  TensorView<const float>, TensorView<const float>, TensorView<const float>,
+                                  TensorView<float>, TensorView<float>, TensorView<float>);
+template void run_backward<bfloat16>(const EnginePlan&, const RunOptions&, const AttentionInputs<bfloat16>&,
+                                     TensorView<const bfloat16>, TensorView<const float>, TensorView<const bfloat16>,
+                                     TensorView<bfloat16>, TensorView<bfloat16>, TensorView<bfloat16>);
+
+namespace {
+
 using SegmentArray = nb::ndarray<const std::int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
+// seqattn._core._Segments: a THD segment table, from its four columns
+// (cu_seqlens, PackedSegments) or parsed from segment ids.
 struct Segments {
-  SegmentArray q_offsets, q_lens, kv_offsets, kv_lens;
-  SegmentTable table() const {
-    auto span = [](const SegmentArray& a) { return std::span<const std::int32_t>(a.data(), a.shape(0)); };
-    return {span(q_offsets), span(q_lens), span(kv_offsets), span(kv_lens)};
-  }
+  OwnedSegmentTable table;
 };
+
+Segments segments_from_columns(const SegmentArray& q_offsets, const SegmentArray& q_lens,
+                               const SegmentArray& kv_offsets, const SegmentArray& kv_lens) {
+  auto vec = [](const SegmentArray& a) { return std::vector<std::int32_t>(a.data(), a.data() + a.shape(0)); };
+  return {{vec(q_offsets), vec(q_lens), vec(kv_offsets), vec(kv_lens)}};
+}
+
+// THD segment ids, [T] or [rows, S] (rows packed back to back): parsed by
+// the one segment-run parser (core/segment_runs.hpp, through DocumentLayout),
+// so its rules and messages hold here as for BSHD ids.
+Segments segments_from_ids(const CpuArray<std::int32_t>& q_ids, const std::optional<CpuArray<std::int32_t>>& kv_ids,
+                           std::int64_t q_tokens, std::int64_t kv_tokens) {
+  const auto rows = [](TensorView<const std::int32_t> ids, std::int64_t tokens, const char* name) {
+    detail::require((ids.rank() == 1 || ids.rank() == 2) && ids.size() == tokens, "attention: THD ", name,
+                    " must have one id per token, as [T] or [rows, S] with rows * S = T = ", tokens, ", got shape ",
+                    ids.shape());
+    return ids.rank() == 2 ? ids : ids.reshape(Extents{1, ids.extent(0)});
+  };
+  const auto q = rows(view_of(q_ids, "segment_ids"), q_tokens, "segment_ids");
+  const auto kv = kv_ids ? rows(view_of(*kv_ids, "kv_segment_ids"), kv_tokens, "kv_segment_ids") : q;
+  detail::require(q.extent(0) == kv.extent(0),
+                  "attention: THD segment_ids and kv_segment_ids must have as many rows, "
+                  "got shapes ",
+                  q.shape(), " and ", kv.shape());
+  nb::gil_scoped_release release;
+  return {DocumentLayout::from_segment_ids(q, kv, {}, {}).segment_table("attention")};
+}
+
+// seqattn._core._Plan: the engine's plan for one call shape, with the THD
+// segment table it was made for (BSHD: none). Its BlockMask keeps the mask,
+// and what the mask owns, alive.
+struct PyPlan {
+  std::shared_ptr<const EnginePlan> plan;
+  std::optional<Segments> segments;
+  int threads = 1;
+
+  bool thd() const { return segments.has_value(); }
+  bool backward() const { return plan->options().backward; }
+};
+
+Extents extents_of(const std::vector<std::int64_t>& dims) {
+  Extents e;
+  detail::require(dims.size() <= static_cast<std::size_t>(kMaxRank), "attention: at most ", kMaxRank,
+                  " dims are supported, got ", dims.size());
+  for (std::int64_t d : dims) e.push_back(static_cast<index_t>(d));
+  return e;
+}
+
+// A view of `shape` with no data behind it: shape_of reads shapes only.
+TensorView<const float> shape_probe(const Extents& shape) {
+  static const float probe = 0.0f;  // non-null says "has data"
+  Strides zero;
+  for (int d = 0; d < shape.rank(); ++d) zero.push_back(0);
+  return TensorView<const float>(&probe, shape, zero);
+}
+
+PyPlan make_plan(const std::vector<std::int64_t>& q, const std::vector<std::int64_t>& k,
+                 const std::vector<std::int64_t>& v, nb::handle mask, std::optional<Segments> segments, bool backward,
+                 std::int64_t threads) {
+  PyPlan p;
+  p.segments = std::move(segments);
+  const SegmentTable table = p.segments ? p.segments->table.view() : SegmentTable{};
+  const AttentionShape shape = shape_of(AttentionInputs<float>{shape_probe(extents_of(q)), shape_probe(extents_of(k)),
+                                                               shape_probe(extents_of(v)), p.thd() ? &table : nullptr});
+  p.threads = resolve_threads(threads);
+  const AnyMask any = mask.is_none() ? AnyMask() : mask_from_python(mask);
+  nb::gil_scoped_release release;
+  p.plan = plan_engine(shape, any, backward, p.threads);
+  return p;
+}
+
+std::string plan_repr(const PyPlan& p) {
+  return detail::concat("seqattn.Plan(", p.plan->shape(), p.backward() ? ", forward and backward" : ", forward", ", ",
+                        p.threads, p.threads == 1 ? " thread)" : " threads)");
+}
+
+RunOptions run_options(const PyPlan& plan, float scale, float softcap, const std::optional<CpuArray<float>>& sinks,
+                       std::optional<std::int64_t> threads) {
+  RunOptions o;
+  o.scale = scale;
+  o.softcap = softcap;
+  if (sinks) {
+    const TensorView<const float> s = view_of(*sinks, "sinks");
+    detail::require(s.rank() == 1 && (s.is_contiguous() || s.size() <= 1),
+                    "attention: sinks must be a contiguous 1-D array of one logit per query head, got shape ",
+                    s.shape());
+    o.sinks = std::span<const float>(s.data(), static_cast<std::size_t>(s.size()));
+  }
+  o.threads = threads ? resolve_threads(*threads) : plan.threads;
+  return o;
+}
 
 // Python storage type -> engine storage type: bf16 arrives as uint16 bits.
 template <class Py>
@@ -78,10 +215,7 @@ TensorView<const Engine<Py>> engine_view(const CpuArray<Py>& a, const char* name
 }
 
 template <class T>
-Extents out_extents(TensorView<const T> q, TensorView<const T> v, bool thd) {
-  detail::require(q.rank() == (thd ? 3 : 4) && v.rank() == q.rank(), "attention: q must have rank ", thd ? 3 : 4,
-                  thd ? " (THD layout: [tokens, heads, dim])" : " (BSHD layout: [batch, seq, heads, dim])", ", got q ",
-                  q.shape(), " and v ", v.shape());
+Extents out_extents(TensorView<const T> q, TensorView<const T> v) {
   Extents e = q.shape();
   e[e.rank() - 1] = v.extent(-1);
   return e;
@@ -92,64 +226,37 @@ Extents lse_extents(TensorView<const T> q, bool thd) {
   return thd ? Extents{q.extent(1), q.extent(0)} : Extents{q.extent(0), q.extent(2), q.extent(1)};
 }
 
-// Validates a call completely (q, k, v and the segments, the threads, the
-// mask against the shape, the plan's options, scale / softcap / sinks), then
-// calls body(run): body allocates what it needs, then calls
-// run(fn), and fn(plan, inputs, variant, executor) runs the engine.
-template <class T, class Body>
-void with_checked_plan(const EngineCall& call, const AttentionInputs<T>& in, bool backward, Body&& body) {
-  const AttentionShape shape = shape_of(in);
-  const int threads = resolve_threads(call.threads);
-  const AnyMask mask = call.mask ? *call.mask : AnyMask();
-  PlanOptions options;
-  options.backward = backward;
-  const auto plan = plan_attention<backends::Dispatched>(shape, mask, options, threads);
-  const variants::Standard variant{call.scale, {call.softcap}, {call.sinks}};
-  detail::check_variant(variant, shape);
-  body([&](auto&& fn) { with_executor(threads, [&](auto& exec) { fn(plan, in, variant, exec); }); });
-}
-
-EngineCall make_call(nb::handle mask, const std::optional<SegmentTable>& table, float scale, float softcap,
-                     const std::optional<CpuArray<float>>& sinks, std::int64_t threads) {
-  EngineCall c;
-  c.mask = mask.is_none() ? nullptr : &mask_from_python(mask);
-  c.segments = table ? &*table : nullptr;
-  c.scale = scale;
-  c.softcap = softcap;
-  if (sinks) {
-    const TensorView<const float> s = view_of(*sinks, "sinks");
-    detail::require(s.rank() == 1 && (s.is_contiguous() || s.size() <= 1),
-                    "attention: sinks must be a contiguous "
-                    "1-D array of one logit per query head, got shape ",
-                    s.shape());
-    c.sinks = std::span<const float>(s.data(), static_cast<std::size_t>(s.size()));
-  }
-  c.threads = threads;
-  return c;
+// The inputs of a planned call, checked against the plan (the layout, then
+// the shape it was made for) before anything is allocated.
+template <class T>
+AttentionInputs<T> planned_inputs(const PyPlan& plan, const SegmentTable& table, TensorView<const T> q,
+                                  TensorView<const T> k, TensorView<const T> v, const char* who) {
+  const int rank = plan.thd() ? 3 : 4;
+  detail::require(q.rank() == rank, who, ": the plan was made for the ", plan.thd() ? "THD" : "BSHD",
+                  " layout (q of rank ", rank, "), got q of shape ", q.shape());
+  const AttentionInputs<T> in{q, k, v, plan.thd() ? &table : nullptr};
+  plan.plan->require_shape(shape_of(in), who);
+  return in;
 }
 
 template <class Py>
-auto forward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>& v, nb::handle mask,
-                const std::optional<Segments>& segments, float scale, float softcap,
-                const std::optional<CpuArray<float>>& sinks, std::int64_t threads) {
+auto forward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>& v, const PyPlan& plan, float scale,
+                float softcap, const std::optional<CpuArray<float>>& sinks, std::optional<std::int64_t> threads) {
   using T = Engine<Py>;
   const auto qv = engine_view(q, "q"), kv = engine_view(k, "k"), vv = engine_view(v, "v");
-  const bool thd = segments.has_value();
-  const std::optional<SegmentTable> table = thd ? std::optional<SegmentTable>(segments->table()) : std::nullopt;
-  const EngineCall call = make_call(mask, table, scale, softcap, sinks, threads);
+  const SegmentTable table = plan.thd() ? plan.segments->table.view() : SegmentTable{};
+  const RunOptions options = run_options(plan, scale, softcap, sinks, threads);
   Tensor<T> out;
   Tensor<float> lse;
   {
     nb::gil_scoped_release release;
-    // Outputs are allocated only once the inputs, the mask and the options
+    // Outputs are allocated only once the inputs, the plan and the options
     // have passed every check: a bad call fails at once, whatever its size.
-    with_checked_plan<T>(call, AttentionInputs<T>{qv, kv, vv, call.segments}, false, [&](const auto& run) {
-      out = allocate_result("attention: out", out_extents(qv, vv, thd), T{});
-      lse = allocate_result("attention: lse", lse_extents(qv, thd), -std::numeric_limits<float>::infinity());
-      run([&](const auto& plan, const auto& in, const auto& variant, auto& exec) {
-        attention_forward(plan, in, out.view(), lse.view(), variant, exec);
-      });
-    });
+    const AttentionInputs<T> in = planned_inputs(plan, table, qv, kv, vv, "attention");
+    check_run_options(options, plan.plan->shape());
+    out = allocate_result("attention: out", out_extents(qv, vv), T{});
+    lse = allocate_result("attention: lse", lse_extents(qv, plan.thd()), -std::numeric_limits<float>::infinity());
+    run_forward(*plan.plan, options, in, out.view(), lse.view());
   }
   const Extents shape = out.shape();
   return std::make_pair(to_numpy<Py>(std::move(out), shape), to_numpy(std::move(lse)));
@@ -157,32 +264,31 @@ auto forward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>
 
 template <class Py>
 auto backward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>& v, const CpuArray<Py>& out,
-                 const CpuArray<float>& lse, const CpuArray<Py>& dout, nb::handle mask,
-                 const std::optional<Segments>& segments, float scale, float softcap, std::int64_t threads) {
+                 const CpuArray<float>& lse, const CpuArray<Py>& dout, const PyPlan& plan, float scale, float softcap,
+                 std::optional<std::int64_t> threads) {
   using T = Engine<Py>;
   const auto qv = engine_view(q, "q"), kv = engine_view(k, "k"), vv = engine_view(v, "v");
   const auto outv = engine_view(out, "out"), doutv = engine_view(dout, "dout");
   const TensorView<const float> lsev = view_of(lse, "lse");
-  const bool thd = segments.has_value();
-  const std::optional<SegmentTable> table = thd ? std::optional<SegmentTable>(segments->table()) : std::nullopt;
-  const EngineCall call = make_call(mask, table, scale, softcap, std::nullopt, threads);
+  const SegmentTable table = plan.thd() ? plan.segments->table.view() : SegmentTable{};
+  const RunOptions options = run_options(plan, scale, softcap, std::nullopt, threads);
   Tensor<T> dq, dk, dv;
   {
     nb::gil_scoped_release release;
-    with_checked_plan<T>(call, AttentionInputs<T>{qv, kv, vv, call.segments}, true, [&](const auto& run) {
-      // The engine's own checks of out, lse and dout (same names and
-      // messages), done here so that they too come before the allocations.
-      detail::require_shape(outv, out_extents(qv, vv, thd), "attention_backward: out");
-      detail::require_shape(lsev, lse_extents(qv, thd), "attention_backward: lse");
-      detail::require_shape(doutv, out_extents(qv, vv, thd), "attention_backward: dout");
-      dq = allocate_result("attention_backward: dq", qv.shape(), T{});
-      dk = allocate_result("attention_backward: dk", kv.shape(), T{});
-      dv = allocate_result("attention_backward: dv", vv.shape(), T{});
-      run([&](const auto& plan, const auto& in, const auto& variant, auto& exec) {
-        attention_backward(plan, in, outv, lsev, doutv, AttentionGrads<T>{dq.view(), dk.view(), dv.view()}, variant,
-                           exec);
-      });
-    });
+    const AttentionInputs<T> in = planned_inputs(plan, table, qv, kv, vv, "attention_backward");
+    detail::require(plan.backward(),
+                    "attention_backward: the plan was made for the forward pass only; make it with "
+                    "seqattn.plan(..., backward=True)");
+    check_run_options(options, plan.plan->shape());
+    // The engine's own checks of out, lse and dout (same names and
+    // messages), done here so that they too come before the allocations.
+    detail::require_shape(outv, out_extents(qv, vv), "attention_backward: out");
+    detail::require_shape(lsev, lse_extents(qv, plan.thd()), "attention_backward: lse");
+    detail::require_shape(doutv, out_extents(qv, vv), "attention_backward: dout");
+    dq = allocate_result("attention_backward: dq", qv.shape(), T{});
+    dk = allocate_result("attention_backward: dk", kv.shape(), T{});
+    dv = allocate_result("attention_backward: dv", vv.shape(), T{});
+    run_backward(*plan.plan, options, in, outv, lsev, doutv, dq.view(), dk.view(), dv.view());
   }
   const Extents sq = dq.shape(), sk = dk.shape(), sv = dv.shape();
   return std::make_tuple(to_numpy<Py>(std::move(dq), sq), to_numpy<Py>(std::move(dk), sk),
@@ -193,11 +299,10 @@ template <class Py>
 void def_attention(nb::module_& m, const char* suffix) {
   const std::string fwd = std::string("attention_forward_") + suffix;
   const std::string bwd = std::string("attention_backward_") + suffix;
-  m.def(fwd.c_str(), &forward_py<Py>, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask").none(),
-        nb::arg("segments").none(), nb::arg("scale"), nb::arg("softcap"), nb::arg("sinks").none(), nb::arg("threads"));
+  m.def(fwd.c_str(), &forward_py<Py>, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("plan"), nb::arg("scale"),
+        nb::arg("softcap"), nb::arg("sinks").none(), nb::arg("threads").none());
   m.def(bwd.c_str(), &backward_py<Py>, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-        nb::arg("dout"), nb::arg("mask").none(), nb::arg("segments").none(), nb::arg("scale"), nb::arg("softcap"),
-        nb::arg("threads"));
+        nb::arg("dout"), nb::arg("plan"), nb::arg("scale"), nb::arg("softcap"), nb::arg("threads").none());
 }
 
 // [..., S, H, D] -> [prod(...), S, H, D], as the XLA FFI handlers fold the
@@ -315,43 +420,24 @@ void check_segment_ids_call(const CpuArray<std::int32_t>& segment_ids,
 
 }  // namespace
 
-template <class T>
-void run_forward(const EngineCall& call, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-                 TensorView<T> out, TensorView<float> lse) {
-  with_checked_plan<T>(call, AttentionInputs<T>{q, k, v, call.segments}, false, [&](const auto& run) {
-    run([&](const auto& plan, const auto& in, const auto& variant, auto& exec) {
-      attention_forward(plan, in, out, lse, variant, exec);
-    });
-  });
-}
-
-template <class T>
-void run_backward(const EngineCall& call, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-                  TensorView<const T> out, TensorView<const float> lse, TensorView<const T> dout, TensorView<T> dq,
-                  TensorView<T> dk, TensorView<T> dv) {
-  with_checked_plan<T>(call, AttentionInputs<T>{q, k, v, call.segments}, true, [&](const auto& run) {
-    run([&](const auto& plan, const auto& in, const auto& variant, auto& exec) {
-      attention_backward(plan, in, out, lse, dout, AttentionGrads<T>{dq, dk, dv}, variant, exec);
-    });
-  });
-}
-
-template void run_forward<float>(const EngineCall&, TensorView<const float>, TensorView<const float>,
-                                 TensorView<const float>, TensorView<float>, TensorView<float>);
-template void run_forward<bfloat16>(const EngineCall&, TensorView<const bfloat16>, TensorView<const bfloat16>,
-                                    TensorView<const bfloat16>, TensorView<bfloat16>, TensorView<float>);
-template void run_backward<float>(const EngineCall&, TensorView<const float>, TensorView<const float>,
-                                  TensorView<const float>, TensorView<const float>, TensorView<const float>,
-                                  TensorView<const float>, TensorView<float>, TensorView<float>, TensorView<float>);
-template void run_backward<bfloat16>(const EngineCall&, TensorView<const bfloat16>, TensorView<const bfloat16>,
-                                     TensorView<const bfloat16>, TensorView<const bfloat16>, TensorView<const float>,
-                                     TensorView<const bfloat16>, TensorView<bfloat16>, TensorView<bfloat16>,
-                                     TensorView<bfloat16>);
-
 void bind_attention(nb::module_& m) {
-  nb::class_<Segments>(m, "_Segments", "THD segment table: int32 q_offsets, q_lens, kv_offsets, kv_lens")
-      .def(nb::init<SegmentArray, SegmentArray, SegmentArray, SegmentArray>(), nb::arg("q_offsets"), nb::arg("q_lens"),
-           nb::arg("kv_offsets"), nb::arg("kv_lens"));
+  nb::class_<Segments>(m, "_Segments", "A THD segment table (int32 q_offsets, q_lens, kv_offsets, kv_lens)")
+      .def(
+          "__init__",
+          [](Segments* self, const SegmentArray& qo, const SegmentArray& ql, const SegmentArray& ko,
+             const SegmentArray& kl) { new (self) Segments(segments_from_columns(qo, ql, ko, kl)); },
+          nb::arg("q_offsets"), nb::arg("q_lens"), nb::arg("kv_offsets"), nb::arg("kv_lens"))
+      .def_static("from_ids", &segments_from_ids, nb::arg("segment_ids"), nb::arg("kv_segment_ids").none(),
+                  nb::arg("q_tokens"), nb::arg("kv_tokens"),
+                  "The segments of THD segment ids [T] or [rows, S] (runs of equal non-zero ids; rows back to back).")
+      .def_prop_ro("num_segments", [](const Segments& s) { return s.table.q_lens.size(); });
+  nb::class_<PyPlan>(m, "_Plan", "The engine's plan of one call shape (seqattn.plan)")
+      .def_prop_ro("backward", &PyPlan::backward)
+      .def_prop_ro("threads", [](const PyPlan& p) { return p.threads; })
+      .def_prop_ro("thd", &PyPlan::thd)
+      .def("__repr__", &plan_repr);
+  m.def("_plan", &make_plan, nb::arg("q_shape"), nb::arg("k_shape"), nb::arg("v_shape"), nb::arg("mask").none(),
+        nb::arg("segments").none(), nb::arg("backward"), nb::arg("threads"));
   def_attention<float>(m, "f32");
   def_attention<std::uint16_t>(m, "bf16");
   m.def("_check_attention", &check_attention_call, nb::arg("q_shape"), nb::arg("k_shape"), nb::arg("v_shape"),

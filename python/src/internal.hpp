@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <optional>
@@ -13,9 +14,11 @@
 #include <utility>
 #include <vector>
 
+#include "seqattn/attention/plan.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/segments.hpp"
 #include "seqattn/core/tensor.hpp"
+#include "seqattn/dispatch.hpp"
 #include "seqattn/masks/any_mask.hpp"
 #include "seqattn/masks/block_mask.hpp"
 
@@ -154,26 +157,40 @@ void bind_attention(nb::module_& m);
 void bind_jax_ffi(nb::module_& m);
 
 // The engine, shared by the NumPy bindings and the XLA FFI handlers: the
-// runtime-dispatched kernels (backends::Dispatched, src/dispatch.cc). Outputs are
+// runtime-dispatched kernels (backends::Dispatched, src/dispatch.cc), planned
+// once per (mask, shape) and run any number of times. Outputs are
 // caller-allocated; the caller has set them to 0 / -inf where tokens may stay
-// unwritten (THD gaps). Threads: 0 = all hardware threads; pools are cached.
-struct EngineCall {
-  const AnyMask* mask = nullptr;           // null: FullMask
-  const SegmentTable* segments = nullptr;  // THD when set
-  float scale = std::numeric_limits<float>::quiet_NaN();
-  float softcap = 0.0f;
+// unwritten (THD gaps).
+using EnginePlan = AttentionPlan<backends::Dispatched>;
+
+// Threads: 0 = all hardware threads; range-checked in 64 bits, then narrowed
+// (2^32 + 1 must not become 1). Errors name `who`.
+int resolve_threads(std::int64_t threads);
+
+// Plans `shape` under `mask` for `threads` workers (what the plan's mask
+// reads must outlive the plan). Releases nothing: callers hold no GIL here.
+std::shared_ptr<const EnginePlan> plan_engine(const AttentionShape& shape, const AnyMask& mask, bool backward,
+                                              int threads);
+
+// How a planned call runs: the score variant's scalars and the threads
+// (pools are cached per thread count).
+struct RunOptions {
+  float scale = std::numeric_limits<float>::quiet_NaN();  // NaN: 1/sqrt(dk)
+  float softcap = 0.0f;                                   // 0: off
   std::span<const float> sinks = {};
-  // 0 = all hardware threads; wider than int so that no caller's value is
-  // truncated before it is range-checked.
-  std::int64_t threads = 1;
+  int threads = 1;
 };
 
-template <class T>
-void run_forward(const EngineCall& call, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-                 TensorView<T> out, TensorView<float> lse);
+// Throws unless `options` suit `shape` (sinks per head, finite scale, ...):
+// callers check before allocating their outputs.
+void check_run_options(const RunOptions& options, const AttentionShape& shape);
 
 template <class T>
-void run_backward(const EngineCall& call, TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+void run_forward(const EnginePlan& plan, const RunOptions& options, const AttentionInputs<T>& in, TensorView<T> out,
+                 TensorView<float> lse);
+
+template <class T>
+void run_backward(const EnginePlan& plan, const RunOptions& options, const AttentionInputs<T>& in,
                   TensorView<const T> out, TensorView<const float> lse, TensorView<const T> dout, TensorView<T> dq,
                   TensorView<T> dk, TensorView<T> dv);
 

@@ -3,7 +3,9 @@
 // Masks cannot travel as FFI attributes (only scalars and strings do), so a
 // Python mask is registered once (register_ffi_mask) and the call carries its
 // index as the static attribute `mask_id`. Segment ids and positions are
-// operands (traced arrays); a zero-size operand means "not given".
+// operands (traced arrays); a zero-size operand means "not given". Plans are
+// cached per (mask, shape), so a jitted step plans once; a call with segment
+// ids plans its document mask over those ids.
 //
 // Layout: BSHD with any number of leading dims folded into the batch, which
 // is what vmap with vmap_method="broadcast_all" hands over: q [..., S, H, D],
@@ -85,42 +87,98 @@ TensorView<const std::int32_t> ids_view(ffi::Buffer<ffi::S32> b, const char* nam
   return TensorView<const std::int32_t>(b.typed_data(), fold_leading(dims_of(b.dimensions()), 1, name));
 }
 
-// The call's mask: the registered one, inside a document mask when segment
-// ids are given. The layout only has to outlive the call.
-struct CallMask {
+// What the plan cache below has done: plans made, calls served from it.
+struct PlanCacheStats {
+  std::int64_t plans = 0;
+  std::int64_t hits = 0;
+};
+std::mutex& plan_cache_mutex() {
+  static std::mutex m;
+  return m;
+}
+PlanCacheStats& plan_cache_stats() {
+  static PlanCacheStats s;
+  return s;
+}
+
+// Plans of registered masks without segment ids, per (mask id, shape, pass,
+// threads): a jitted step plans once, not on every call. A few shapes at a
+// time are kept (a model calls attention with a handful); the oldest goes
+// first. Plans are immutable, so concurrent calls share them.
+std::shared_ptr<const EnginePlan> cached_plan(std::int64_t mask_id, const AttentionShape& shape, bool backward,
+                                              int threads) {
+  struct Entry {
+    std::int64_t mask_id;
+    bool backward;
+    int threads;
+    AttentionShape shape;
+    std::shared_ptr<const EnginePlan> plan;
+  };
+  static auto* cache = new std::vector<Entry>();  // never destroyed, like the registry
+  constexpr std::size_t kKept = 32;
+  PlanCacheStats& stats = plan_cache_stats();
+  {
+    std::lock_guard lock(plan_cache_mutex());
+    for (const Entry& e : *cache) {
+      if (e.mask_id == mask_id && e.backward == backward && e.threads == threads && e.shape == shape) {
+        ++stats.hits;
+        return e.plan;
+      }
+    }
+  }
+  // Planned outside the lock: two threads may both plan a new shape; one plan is kept.
+  auto plan = plan_engine(shape, registered_mask(mask_id), backward, threads);
+  std::lock_guard lock(plan_cache_mutex());
+  ++stats.plans;
+  if (cache->size() == kKept) cache->erase(cache->begin());
+  cache->push_back({mask_id, backward, threads, shape, plan});
+  return plan;
+}
+
+// The plan of one call: the registered mask's cached plan, or with segment
+// ids a plan of the document mask around it over those ids (the layout only
+// has to outlive the call).
+struct CallPlan {
   std::unique_ptr<DocumentLayout> layout;
-  AnyMask mask;
+  std::shared_ptr<const EnginePlan> plan;
 };
 
-CallMask call_mask(std::int64_t mask_id, ffi::Buffer<ffi::S32> q_ids, ffi::Buffer<ffi::S32> kv_ids,
-                   ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos) {
-  CallMask c;
-  c.mask = registered_mask(mask_id);
+CallPlan call_plan(std::int64_t mask_id, const AttentionShape& shape, bool backward, int threads,
+                   ffi::Buffer<ffi::S32> q_ids, ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos,
+                   ffi::Buffer<ffi::S32> kv_pos) {
+  CallPlan c;
   const auto qi = ids_view(q_ids, "q_segment_ids");
-  if (qi.rank() == 0) return c;
+  if (qi.rank() == 0) {
+    c.plan = cached_plan(mask_id, shape, backward, threads);
+    return c;
+  }
   const auto ki = kv_ids.element_count() == 0 ? qi : ids_view(kv_ids, "kv_segment_ids");
   const auto qp = ids_view(q_pos, "q_positions");
   const auto kp = kv_pos.element_count() == 0 ? qp : ids_view(kv_pos, "kv_positions");
   c.layout = std::make_unique<DocumentLayout>(DocumentLayout::from_segment_ids(qi, ki, qp, kp));
-  c.mask = AnyMask(document_mask(*c.layout, c.mask));
+  c.plan = plan_engine(shape, AnyMask(document_mask(*c.layout, registered_mask(mask_id))), backward, threads);
   return c;
 }
 
-EngineCall engine_call(const AnyMask& mask, float scale, float softcap, std::int64_t threads) {
-  EngineCall c;
-  c.mask = &mask;
-  c.scale = scale;
-  c.softcap = softcap;
-  c.threads = threads;  // range-checked by the engine before it is narrowed
-  return c;
+RunOptions run_options(float scale, float softcap, std::int64_t threads) {
+  RunOptions o;
+  o.scale = scale;
+  o.softcap = softcap;
+  o.threads = resolve_threads(threads);
+  return o;
 }
 
 template <class T>
-void forward_typed(const EngineCall& call, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                   ffi::Result<ffi::AnyBuffer>& out, ffi::Result<ffi::Buffer<ffi::F32>>& lse) {
+void forward_typed(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> q_ids,
+                   ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos,
+                   ffi::Result<ffi::AnyBuffer>& out, ffi::Result<ffi::Buffer<ffi::F32>>& lse, std::int64_t mask_id,
+                   const RunOptions& options) {
+  const AttentionInputs<T> in{input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), nullptr};
+  const AttentionShape shape = shape_of(in);
+  check_run_options(options, shape);
+  const CallPlan plan = call_plan(mask_id, shape, false, options.threads, q_ids, kv_ids, q_pos, kv_pos);
   const auto lse_dims = fold_leading(dims_of(lse->dimensions()), 2, "lse");
-  run_forward<T>(call, input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), output<T>(out, 3, "out"),
-                 TensorView<float>(lse->typed_data(), lse_dims));
+  run_forward<T>(*plan.plan, options, in, output<T>(out, 3, "out"), TensorView<float>(lse->typed_data(), lse_dims));
 }
 
 ffi::Error forward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> q_ids,
@@ -128,14 +186,13 @@ ffi::Error forward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse, std::int64_t mask_id,
                         float scale, float softcap, std::int64_t threads) {
   try {
-    const CallMask mask = call_mask(mask_id, q_ids, kv_ids, q_pos, kv_pos);
-    const EngineCall call = engine_call(mask.mask, scale, softcap, threads);
+    const RunOptions options = run_options(scale, softcap, threads);
     switch (q.element_type()) {
       case ffi::DataType::F32:
-        forward_typed<float>(call, q, k, v, out, lse);
+        forward_typed<float>(q, k, v, q_ids, kv_ids, q_pos, kv_pos, out, lse, mask_id, options);
         break;
       case ffi::DataType::BF16:
-        forward_typed<bfloat16>(call, q, k, v, out, lse);
+        forward_typed<bfloat16>(q, k, v, q_ids, kv_ids, q_pos, kv_pos, out, lse, mask_id, options);
         break;
       default:
         return ffi::Error(ffi::ErrorCode::kInvalidArgument, "seqattn.jax: q must be float32 or bfloat16");
@@ -147,9 +204,15 @@ ffi::Error forward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
 }
 
 template <class T>
-void backward_typed(const EngineCall& call, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out,
-                    ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::Result<ffi::AnyBuffer>& dq,
-                    ffi::Result<ffi::AnyBuffer>& dk, ffi::Result<ffi::AnyBuffer>& dv) {
+void backward_typed(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::Buffer<ffi::F32> lse,
+                    ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> q_ids, ffi::Buffer<ffi::S32> kv_ids,
+                    ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos, ffi::Result<ffi::AnyBuffer>& dq,
+                    ffi::Result<ffi::AnyBuffer>& dk, ffi::Result<ffi::AnyBuffer>& dv, std::int64_t mask_id,
+                    const RunOptions& options) {
+  const AttentionInputs<T> in{input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), nullptr};
+  const AttentionShape shape = shape_of(in);
+  check_run_options(options, shape);
+  const CallPlan plan = call_plan(mask_id, shape, true, options.threads, q_ids, kv_ids, q_pos, kv_pos);
   const auto lse_dims = fold_leading(dims_of(lse.dimensions()), 2, "lse");
   // Gradient rows no query sees are not all written by the engine's THD
   // path; BSHD writes every element, but zeroing first keeps that a detail.
@@ -158,8 +221,8 @@ void backward_typed(const EngineCall& call, ffi::AnyBuffer q, ffi::AnyBuffer k, 
   zero(dqv);
   zero(dkv);
   zero(dvv);
-  run_backward<T>(call, input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), input<T>(out, 3, "out"),
-                  TensorView<const float>(lse.typed_data(), lse_dims), input<T>(dout, 3, "dout"), dqv, dkv, dvv);
+  run_backward<T>(*plan.plan, options, in, input<T>(out, 3, "out"), TensorView<const float>(lse.typed_data(), lse_dims),
+                  input<T>(dout, 3, "dout"), dqv, dkv, dvv);
 }
 
 ffi::Error backward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out,
@@ -168,14 +231,13 @@ ffi::Error backward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, f
                          ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                          std::int64_t mask_id, float scale, float softcap, std::int64_t threads) {
   try {
-    const CallMask mask = call_mask(mask_id, q_ids, kv_ids, q_pos, kv_pos);
-    const EngineCall call = engine_call(mask.mask, scale, softcap, threads);
+    const RunOptions options = run_options(scale, softcap, threads);
     switch (q.element_type()) {
       case ffi::DataType::F32:
-        backward_typed<float>(call, q, k, v, out, lse, dout, dq, dk, dv);
+        backward_typed<float>(q, k, v, out, lse, dout, q_ids, kv_ids, q_pos, kv_pos, dq, dk, dv, mask_id, options);
         break;
       case ffi::DataType::BF16:
-        backward_typed<bfloat16>(call, q, k, v, out, lse, dout, dq, dk, dv);
+        backward_typed<bfloat16>(q, k, v, out, lse, dout, q_ids, kv_ids, q_pos, kv_pos, dq, dk, dv, mask_id, options);
         break;
       default:
         return ffi::Error(ffi::ErrorCode::kInvalidArgument, "seqattn.jax: q must be float32 or bfloat16");
@@ -236,6 +298,13 @@ void bind_jax_ffi(nb::module_& m) {
     d["seqattn_attention_backward"] = nb::capsule(reinterpret_cast<void*>(kAttentionBackward));
     return d;
   });
+  m.def(
+      "_ffi_plan_cache_stats",
+      [] {
+        std::lock_guard lock(plan_cache_mutex());
+        return nb::make_tuple(plan_cache_stats().plans, plan_cache_stats().hits);
+      },
+      "(plans made, calls served from the cache) by the XLA FFI handlers' plan cache.");
   m.def(
       "register_ffi_mask",
       [](nb::handle mask) {

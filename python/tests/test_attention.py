@@ -72,11 +72,11 @@ def test_thd_matches_per_segment_bshd(rng):
         cursor += n
     total = cursor + 2
     q, k, v = randn(rng, total, 4, 80), randn(rng, total, 2, 80), randn(rng, total, 2, 80)
-    cu = np.array(offsets + [0], np.int32)  # not a cumsum: use explicit segments via PackedSegments-free path
+    # Offsets with gaps are not a cumsum of lengths: the segment table directly.
     seg = seqattn._core._Segments(np.array(offsets, np.int32), np.array(lens, np.int32),
                                   np.array(offsets, np.int32), np.array(lens, np.int32))
-    mask = seqattn.CausalMask()
-    out, lse = seqattn._core.attention_forward_f32(q, k, v, mask, seg, float("nan"), 0.0, None, 2)
+    plan = seqattn._core._plan(q.shape, k.shape, v.shape, seqattn.CausalMask(), seg, False, 2)
+    out, lse = seqattn._core.attention_forward_f32(q, k, v, plan, float("nan"), 0.0, None, None)
     assert out.shape == (total, 4, 80) and lse.shape == (4, total)
     covered = np.zeros(total, bool)
     for o, n in zip(offsets, lens):
@@ -86,7 +86,6 @@ def test_thd_matches_per_segment_bshd(rng):
         want_out, want_lse = O.attention(q[None, o:o + n], k[None, o:o + n], v[None, o:o + n], O.causal(n, n))
         check(out[o:o + n], lse[:, o:o + n], want_out[0], want_lse[0])
     assert np.all(out[~covered] == 0) and np.all(np.isneginf(lse[:, ~covered]))
-    del cu
 
 
 def test_thd_from_cu_seqlens_segment_ids_and_packed_segments(rng):
@@ -96,7 +95,7 @@ def test_thd_from_cu_seqlens_segment_ids_and_packed_segments(rng):
     packed = seqattn.pack_segments(seqattn.get_seqlens_and_offsets(ids, pos, "padding_causal", "thd",
                                                                    max_segments_per_seq=2))
     a = seqattn.attention(q, k, v, seqattn.CausalMask(), segments=packed)
-    b = seqattn.attention(q, k, v, seqattn.CausalMask(), segment_ids=ids.reshape(-1))
+    b = seqattn.attention(q, k, v, seqattn.CausalMask(), segment_ids=ids)  # [rows, S]: rows back to back
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
     # Rows 0..4 as three cu_seqlens segments (no padding before token 5).

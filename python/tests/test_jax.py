@@ -46,6 +46,28 @@ def test_segment_ids_and_positions_traced(rng):
     np.testing.assert_allclose(out2, reference(q, k, v, allowed2), atol=2e-5)
 
 
+def test_a_jitted_step_plans_once_per_shape_and_pass(rng):
+    mask = seqattn.CausalMask() & seqattn.SlidingWindowMask(5, 0)  # a mask no other test registers
+    step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(sj.attention(q, k, v, mask) ** 2), argnums=(0, 1, 2)))
+    plans, hits = seqattn._core._ffi_plan_cache_stats()
+    results = []
+    for _ in range(3):  # new values each step, the same shapes
+        q, k, v = randn(rng, 2, 19, 2, 16), randn(rng, 2, 19, 2, 16), randn(rng, 2, 19, 2, 16)
+        results.append((jax.block_until_ready(step(q, k, v)), (q, k, v)))
+    plans_after, hits_after = seqattn._core._ffi_plan_cache_stats()
+    assert plans_after - plans == 2  # the forward plan and the backward one, each made once
+    assert hits_after - hits == 4
+    # The cached plans give what a fresh one-call run gives.
+    (loss, grads), (q, k, v) = results[-1]
+    out = seqattn.attention(np.asarray(q), np.asarray(k), np.asarray(v), mask, threads=0)[0]
+    np.testing.assert_allclose(loss, np.sum(out.astype(np.float64) ** 2), rtol=1e-5)
+    # With segment ids the document mask is planned per call, over those ids.
+    ids = np.array([[1] * 10 + [2] * 9, [1] * 19], np.int32)
+    fn = jax.jit(lambda q, k, v, i: sj.attention(q, k, v, mask, segment_ids=i))
+    jax.block_until_ready(fn(q, k, v, ids))
+    assert seqattn._core._ffi_plan_cache_stats()[0] == plans_after
+
+
 def test_fully_masked_rows_are_zero(rng):
     ids = np.array([[1, 1, 0, 0, 2, 2]], np.int32)
     q = randn(rng, 1, 6, 2, 8)

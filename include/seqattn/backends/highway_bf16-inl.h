@@ -542,8 +542,9 @@ struct Bf16DotKernel {
   }
 
   // ---- One task of the engine (attention/detail/tiled_forward.hpp, run_task) --
-  // The same steps as run_task with the bf16 pair-dot kernels; returns false
-  // (and does nothing) where the widening path must run the task.
+  // The engine's one task loop (run_task_steps) with the bf16 pair-dot tile
+  // arithmetic; returns false (and does nothing) where the widening path must
+  // run the task.
   template <class T, class Var>
   static bool run_task(const detail::TiledCall<K, T, Var>& c, index_t task, detail::TileScratch<K>& sc) {
     if constexpr (!std::is_same_v<T, bfloat16>) {
@@ -565,54 +566,35 @@ struct Bf16DotKernel {
     }
   }
 
+  // The tile arithmetic of run_task_steps (attention/detail/tiled_forward.hpp)
+  // on bf16 pairs: Qt2 (ceil(dk / 2) x kBlockQ pairs, in the Qt buffer), K
+  // read in place row by row (a paged cache's rows may lie in several pages),
+  // P and V packed into pairs. kHw: the instruction, else its emulation.
+  template <bool kHw>
+  struct PairDotTiles {
+    void load_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
+                    const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
+      pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), sc.qt.get());
+    }
+    void scores(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
+                index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc) const {
+      const std::uint16_t* krows[kBkv];
+      for (index_t j = 0; j < tile.cols; ++j) krows[j] = bits_of(p.k_row(seq, tile.kv_begin + j, kv_head));
+      Bf16DotKernel::scores<kHw>(sc.qt.get() + r0, tile.rows_padded, p.dk, krows, tile.cols, q_scale, tile.scores);
+    }
+    void accumulate(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
+                    index_t dvp, const ScoreTile& tile, const float* alpha, float* o,
+                    detail::TileScratch<K>& sc) const {
+      pack_p(tile.scores, tile.cols, tile.rows_padded);
+      pack_v([&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); }, p.v_strides.dim, tile.cols, p.dv, dvp,
+             sc.vbuf.get());
+      Bf16DotKernel::accumulate_pv<kHw>(tile.scores, tile.rows, (tile.cols + 1) / 2, sc.vbuf.get(), dvp, alpha, o);
+    }
+  };
+
   template <bool kHw, class Var>
   static void run_native(const detail::TiledCall<K, bfloat16, Var>& c, index_t task, detail::TileScratch<K>& sc) {
-    const detail::AttentionProblem<bfloat16>& p = c.p;
-    const detail::WorkUnit& u = c.w.unit_of(task);
-    const index_t split = task % c.w.splits;
-    const detail::SequenceGeometry& seq = p.sequence(u.sequence);
-    const detail::TaskRows t = detail::task_rows<K>(u, sc.row_q.data(), sc.row_head.data());
-    // Qt2 (ceil(dk / 2) x kBlockQ pairs) lives in the Qt buffer (dk x kBlockQ).
-    float* qt2 = sc.qt.get();
-    pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), qt2);
-    float *m = sc.m.get(), *l = sc.l.get(), *o = sc.o.get();
-    std::fill_n(m, kBq, detail::kNegInf);
-    std::fill_n(l, kBq, 0.0f);
-    std::fill_n(o, t.rows_p * c.w.dvp, 0.0f);
-    const std::uint16_t* krows[kBkv];
-
-    const index_t n = u.num_tiles();
-    for (index_t i = n * split / c.w.splits; i < n * (split + 1) / c.w.splits; ++i) {
-      const detail::TileRef ref = c.w.tiles[u.tiles_begin + static_cast<std::size_t>(i)];
-      const index_t kv0 = static_cast<index_t>(ref.kv_block) * kBkv;
-      const index_t cols = std::min(kBkv, seq.kv_len - kv0);
-      for (index_t g = 0; g < u.kv_groups; ++g) {
-        const index_t kv_head = u.head0 / p.group + g;
-        const index_t r0 = g * t.group_rows;
-        // K in place, row by row (a paged cache's rows may lie in several pages).
-        for (index_t j = 0; j < cols; ++j) krows[j] = bits_of(p.k_row(seq, kv0 + j, kv_head));
-        const ScoreTile tile{
-            sc.st.get() + r0,        kBq,        t.group_rows, t.group_rows_p, cols,      sc.row_q.data() + r0,
-            sc.row_head.data() + r0, u.sequence, kv0,          seq.q_len,      seq.kv_len};
-        scores<kHw>(qt2 + r0, t.group_rows_p, p.dk, krows, cols, c.q_scale, tile.scores);
-        detail::transform_scores<K>(c.variant, tile);
-        detail::mask_tile<K>(c.w.column_bits, c.w.column_tile_bytes, c.bm, ref, tile, u.q_block);
-        K::online_softmax(tile.scores, cols, t.group_rows_p, m + r0, l + r0, sc.alpha.get() + r0);
-        pack_p(tile.scores, cols, t.group_rows_p);
-        pack_v([&](index_t j) { return p.v_row(seq, kv0 + j, kv_head); }, p.v_strides.dim, cols, p.dv, c.w.dvp,
-               sc.vbuf.get());
-        accumulate_pv<kHw>(tile.scores, t.group_rows, (cols + 1) / 2, sc.vbuf.get(), c.w.dvp, sc.alpha.get() + r0,
-                           o + r0 * c.w.dvp);
-      }
-    }
-    if (c.w.splits > 1) {
-      detail::store_partials<K>(c.partials, task, t, c.w.dvp, o, m, l);
-      return;
-    }
-    for (index_t r = 0; r < t.rows; ++r) {
-      detail::finalize_row(p, seq, sc.row_q[static_cast<std::size_t>(r)], sc.row_head[static_cast<std::size_t>(r)],
-                           SoftmaxState{m[r], l[r]}, o + r * c.w.dvp, c.variant);
-    }
+    detail::run_task_steps(c, task, sc, PairDotTiles<kHw>{});
   }
 };
 

@@ -12,6 +12,10 @@
 //   Kernel::accumulate_pv    O = alpha O + P V
 //   finalize_rows / store_partials, then merge_partials for split-KV tasks
 //
+// run_task_steps is the one loop; the tile arithmetic it calls (load the
+// queries, scores, accumulate) is a type: WidenedTiles (fp32) here, the bf16
+// pair dot products in backends/highway_bf16-inl.h.
+//
 // A Kernel supplies the arithmetic on fp32 tiles (backends/tile_kernel.hpp
 // states the contract; backends/scalar.hpp writes it out in plain C++). Tile
 // layouts, in per-worker scratch:
@@ -316,27 +320,56 @@ struct TiledCall {
   Partials partials;
 };
 
-// One task: a unit's rows against its share of the unit's tiles.
-template <class Kernel, class T, class V>
-void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel>& sc) {
+// The arithmetic of a task's tiles, widened to fp32 (every backend's path):
+// Q pre-scaled into Qt, K and V rows used in place or staged as fp32, then
+// the Kernel's scores and accumulate_pv. run_task_steps calls the three
+// steps; a backend with other arithmetic for some tasks (the bf16 pair dot
+// products of highway_bf16-inl.h) supplies its own type with the same steps.
+template <class Kernel>
+struct WidenedTiles {
+  bool k_in_place = false;
+  bool v_in_place = false;
+
+  template <class T>
+  void load_query(const AttentionProblem<T>& p, const SequenceGeometry& seq, const TaskRows& t, float q_scale,
+                  TileScratch<Kernel>& sc) const {
+    load_query_tile<Kernel::kBlockQ>(p, seq, t, sc.row_q.data(), sc.row_head.data(), q_scale, sc.qt.get());
+  }
+  // tile.scores = K Qt for the K/V group whose rows start at row r0.
+  template <class T>
+  void scores(const AttentionProblem<T>& p, const SequenceGeometry& seq, index_t kv_head, index_t r0, float,
+              const ScoreTile& tile, TileScratch<Kernel>& sc) const {
+    const RowsView k =
+        load_kv_tile<Kernel>(p, seq, false, tile.kv_begin, kv_head, tile.cols, p.dk, p.dk, k_in_place, sc.kbuf.get());
+    Kernel::scores(sc.qt.get() + r0, tile.rows_padded, p.dk, k.rows, k.stride, tile.cols, tile.scores);
+  }
+  // o = alpha o + P V, P being the tile's probabilities.
+  template <class T>
+  void accumulate(const AttentionProblem<T>& p, const SequenceGeometry& seq, index_t kv_head, index_t dvp,
+                  const ScoreTile& tile, const float* alpha, float* o, TileScratch<Kernel>& sc) const {
+    const RowsView v =
+        load_kv_tile<Kernel>(p, seq, true, tile.kv_begin, kv_head, tile.cols, p.dv, dvp, v_in_place, sc.vbuf.get());
+    Kernel::accumulate_pv(tile.scores, tile.rows, tile.cols, v.rows, v.stride, dvp, alpha, o);
+  }
+};
+
+// One task, the one loop of the forward pass: a unit's rows against its
+// share of the unit's tiles, each tile's scores transformed (variant), masked
+// and folded into the online softmax by `tiles`' arithmetic.
+template <class Kernel, class T, class V, class Tiles>
+void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel>& sc, const Tiles& tiles) {
   constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
   const AttentionProblem<T>& p = c.p;
   const WorkUnit& u = c.w.unit_of(task);
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    if (Bf16DotTask<Kernel>::run(c, task, sc)) return;  // bf16 pair-dot path (bf16_dot.hpp) took the task
-  }
   const index_t split = task % c.w.splits;
   const SequenceGeometry& seq = p.sequence(u.sequence);
   const TaskRows t = task_rows<Kernel>(u, sc.row_q.data(), sc.row_head.data());
-  load_query_tile<kBq>(p, seq, t, sc.row_q.data(), sc.row_head.data(), c.q_scale, sc.qt.get());
+  tiles.load_query(p, seq, t, c.q_scale, sc);
   float *m = sc.m.get(), *l = sc.l.get(), *o = sc.o.get();
   std::fill_n(m, kBq, kNegInf);
   std::fill_n(l, kBq, 0.0f);
   std::fill_n(o, t.rows_p * c.w.dvp, 0.0f);
   const bool many_rows = t.rows > kBq / 4;
-  const bool decode_in_place = SEQATTN_DECODE_IN_PLACE && std::is_same_v<T, float>;
-  const bool k_in_place = many_rows ? c.k_in_place : decode_in_place && p.k_strides.dim == 1;
-  const bool v_in_place = many_rows ? c.v_in_place : decode_in_place && p.v_strides.dim == 1 && c.w.dvp == p.dv;
 
   const index_t n = u.num_tiles();
   for (index_t i = n * split / c.w.splits; i < n * (split + 1) / c.w.splits; ++i) {
@@ -356,18 +389,14 @@ void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel
         prefetch_kv_rows(p, seq, true, next_kv0, next_cols, kv_head, p.dv);
       }
       const index_t r0 = g * t.group_rows;
-      const RowsView k = load_kv_tile<Kernel>(p, seq, false, kv0, kv_head, cols, p.dk, p.dk, k_in_place, sc.kbuf.get());
       const ScoreTile tile{
           sc.st.get() + r0,        kBq,        t.group_rows, t.group_rows_p, cols,      sc.row_q.data() + r0,
           sc.row_head.data() + r0, u.sequence, kv0,          seq.q_len,      seq.kv_len};
-      Kernel::scores(sc.qt.get() + r0, t.group_rows_p, p.dk, k.rows, k.stride, cols, tile.scores);
+      tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc);
       transform_scores<Kernel>(c.variant, tile);
       mask_tile<Kernel>(c.w.column_bits, c.w.column_tile_bytes, c.bm, ref, tile, u.q_block);
       Kernel::online_softmax(tile.scores, cols, t.group_rows_p, m + r0, l + r0, sc.alpha.get() + r0);
-      const RowsView v =
-          load_kv_tile<Kernel>(p, seq, true, kv0, kv_head, cols, p.dv, c.w.dvp, v_in_place, sc.vbuf.get());
-      Kernel::accumulate_pv(tile.scores, t.group_rows, cols, v.rows, v.stride, c.w.dvp, sc.alpha.get() + r0,
-                            o + r0 * c.w.dvp);
+      tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc);
     }
   }
   if (c.w.splits > 1) {
@@ -378,6 +407,22 @@ void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel
     finalize_row(p, seq, sc.row_q[static_cast<std::size_t>(r)], sc.row_head[static_cast<std::size_t>(r)],
                  SoftmaxState{m[r], l[r]}, o + r * c.w.dvp, c.variant);
   }
+}
+
+// One task: the bf16 pair-dot path when the backend takes it (bf16_dot.hpp),
+// else the widening arithmetic, K and V in place where that pays.
+template <class Kernel, class T, class V>
+void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel>& sc) {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (Bf16DotTask<Kernel>::run(c, task, sc)) return;
+  }
+  const AttentionProblem<T>& p = c.p;
+  const bool many_rows = c.w.unit_of(task).rows() > Kernel::kBlockQ / 4;
+  const bool decode_in_place = SEQATTN_DECODE_IN_PLACE && std::is_same_v<T, float>;
+  WidenedTiles<Kernel> tiles;
+  tiles.k_in_place = many_rows ? c.k_in_place : decode_in_place && p.k_strides.dim == 1;
+  tiles.v_in_place = many_rows ? c.v_in_place : decode_in_place && p.v_strides.dim == 1 && c.w.dvp == p.dv;
+  run_task_steps(c, task, sc, tiles);
 }
 
 // The whole forward pass of a planned problem on `exec`.

@@ -325,6 +325,46 @@ TEST_CASE("tiled backward is bitwise identical for any worker count", "[attentio
   }
 }
 
+// One masking step serves both tile layouts (mask_tile, tiled_forward.hpp):
+// column bits, the BlockMask's row bits (GQA heads stacked in decode) and the
+// element predicate (a BlockMask without bits) put -inf in the same places.
+TEST_CASE("masking from tile bits and from the predicate gives identical results, forward and backward",
+          "[attention][backward]") {
+  std::mt19937 rng(449);
+  for (const index_t sq : {index_t{3}, index_t{150}}) {
+    INFO("queries " << sq);
+    const Problem x(rng, 2, sq, 170, 8, 2, 72);
+    const auto mask = CausalMask{Alignment::bottom_right} & SlidingWindowMask{40, 0};
+    const AttentionShape shape = shape_of(x.in());
+    PlanOptions options;
+    options.backward = true;
+    struct Result {
+      Tensor<float> out, lse;
+      Grads g;
+    };
+    auto run = [&](bool bits) {
+      const auto plan = plan_attention<backends::Highway>(
+          shape,
+          build_block_mask(mask, shape.lengths, shape.heads, backends::Highway::block_shape(), BlockMaskOptions{bits}),
+          options, 2);
+      REQUIRE(plan.block_mask().has_tile_bits() == bits);
+      Result r{Tensor<float>(x.out_shape), Tensor<float>(x.lse_shape), Grads(x)};
+      execution::ThreadPool pool(2);
+      attention_forward(plan, x.in(), r.out.view(), r.lse.view(), pool);
+      attention_backward(plan, x.in(), r.out.view(), r.lse.view(), x.dout.view(), r.g.views(), variants::Default{},
+                         pool);
+      return r;
+    };
+    const Result with_bits = run(true), predicate = run(false);
+    CHECK(bitwise_equal(with_bits.out, predicate.out));
+    CHECK(bitwise_equal(with_bits.lse, predicate.lse));
+    CHECK(bitwise_equal(with_bits.g.dq, predicate.g.dq));
+    CHECK(bitwise_equal(with_bits.g.dk, predicate.g.dk));
+    CHECK(bitwise_equal(with_bits.g.dv, predicate.g.dv));
+    check_against_reference<backends::Highway>(x, mask, 2);
+  }
+}
+
 TEST_CASE("bf16 backward stays close to the reference", "[attention][backward][bf16]") {
   std::mt19937 rng(443);
   auto to_bf16 = [](const Tensor<float>& t) {

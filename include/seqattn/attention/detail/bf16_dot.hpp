@@ -1,7 +1,7 @@
 // Which arithmetic bf16 prefill uses on the CPU, and the engine's hook for it.
 //
 // bf16 Q/K/V can be computed two ways (backends/highway_bf16-inl.h):
-//   widen   K and V tiles are widened to fp32 (kv_tile/to_f32) and multiplied
+//   widen   K and V tiles are widened to fp32 (stage_rows/to_f32) and multiplied
 //           with fp32 FMAs: the path every backend has;
 //   native  bf16 pair dot products with fp32 accumulation (AVX512_BF16's
 //           VDPBF16PS: 32 bf16 MACs per instruction against 16 fp32 FMAs),

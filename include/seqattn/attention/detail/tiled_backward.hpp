@@ -173,26 +173,14 @@ struct BackwardScratch {
   }
 };
 
-// `n` rows of a [token, head, dim] tensor as fp32 rows of `padded` floats:
-// in place when they already are (fp32, unit dim stride, no padding needed),
-// else staged into `buf`. `row(i)` points at row i.
+// `n` rows of a [token, head, dim] tensor as fp32 rows of `padded` floats
+// (the forward's stage_rows): in place when they already are (fp32, unit dim
+// stride, no padding needed), else staged into `buf`. `row(i)` points at row i.
 template <class Kernel, class P, class Row>
 RowsView rows_of(Row row, index_t n, index_t token_stride, index_t dim_stride, index_t width, index_t padded,
                  float* buf) {
-  if constexpr (std::is_same_v<std::remove_const_t<P>, float>) {
-    if (dim_stride == 1 && width == padded) return {row(0), token_stride};
-  }
-  for (index_t i = 0; i < n; ++i) {
-    float* dst = buf + i * padded;
-    const P* src = row(i);
-    if (dim_stride == 1) {
-      Kernel::to_f32(src, width, dst);
-    } else {
-      for (index_t e = 0; e < width; ++e) dst[e] = to_float(src[e * dim_stride]);
-    }
-    std::fill(dst + width, dst + padded, 0.0f);
-  }
-  return {buf, padded};
+  return stage_rows<Kernel, P>(row, n, token_stride, dim_stride, width, padded, dim_stride == 1 && width == padded,
+                               buf);
 }
 
 // dst[d * kBq + i] = rows[i][d] * scale for i < n; lanes [n, n_p) are zero.
@@ -233,27 +221,6 @@ void apply_score_grad(const V& variant, const ScoreTile& t, float* ds, const flo
         float& d = ds[j * t.stride + r];
         if (d != 0.0f) d *= variant.score_grad(raw[j * t.stride + r], t.index(r, j));
       }
-    }
-  }
-}
-
-// Masks a key-major tile: column j is query q0 + j, lanes are keys.
-template <class Kernel>
-void mask_key_major_tile(const BlockMask& bm, const QTileRef& ref, const ScoreTile& t) {
-  if (ref.tile_id == TileRef::kFull) return;
-  if (ref.tile_id >= 0) {
-    // The forward tile's row bits are, per query, one bit per key: the
-    // column bits of this layout (little-endian words read as bytes).
-    const auto bits = bm.tile_bits(ref.tile_id);
-    const index_t wpr = bm.words_per_row();
-    Kernel::apply_column_bits(t.scores, t.cols, t.rows_padded, reinterpret_cast<const std::uint8_t*>(bits.data()),
-                              wpr * 8);
-    return;
-  }
-  for (index_t j = 0; j < t.cols; ++j) {
-    const MaskContext ctx{t.batch, t.row_head[j], t.q_len, t.kv_len};
-    for (index_t r = 0; r < t.rows; ++r) {
-      if (!bm.allowed(ctx, t.row_q[j], t.kv_begin + r)) t.at(r, j) = kNegInf;
     }
   }
 }
@@ -312,7 +279,11 @@ void key_task(const BackwardCall<T, V>& c, const KeyTask& task, BackwardScratch<
     Kernel::scores(sc.kt.get(), cols_p, p.dk, q.rows, q.stride, n, t.scores);  // S[q][key], scaled
     if constexpr (HasScoreHook<V>) std::copy_n(t.scores, n * kBq, sc.raw.get());
     transform_scores<Kernel>(c.variant, t);
-    mask_key_major_tile<Kernel>(c.bm, ref, t);
+    // Key-major: the forward tile's row bits (per query, one bit per key)
+    // are this layout's column bits (little-endian words read as bytes).
+    const auto* bits =
+        ref.tile_id >= 0 ? reinterpret_cast<const std::uint8_t*>(c.bm.tile_bits(ref.tile_id).data()) : nullptr;
+    mask_tile<Kernel>(t, c.bm, ref.tile_id, bits, c.bm.words_per_row() * 8, q0);
     Kernel::scores(sc.vt.get(), cols_p, p.dv, d_o.rows, d_o.stride, n, sc.dp.get());  // dP[q][key]
     Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
@@ -357,7 +328,8 @@ void query_task(const BackwardCall<T, V>& c, const QueryTask& task, BackwardScra
     Kernel::scores(sc.qt.get(), n_p, p.dk, k.rows, k.stride, cols, t.scores);  // S^T[key][q], scaled
     if constexpr (HasScoreHook<V>) std::copy_n(t.scores, cols * kBq, sc.raw.get());
     transform_scores<Kernel>(c.variant, t);
-    mask_tile<Kernel>(w.column_bits, w.column_tile_bytes, c.bm, ref, t, task.q_block);
+    mask_tile<Kernel>(t, c.bm, ref.tile_id, transposed_tile_bits(w.column_bits, w.column_tile_bytes, ref.tile_id),
+                      kBq / 8, q0);
     Kernel::scores(sc.dot.get(), n_p, p.dv, v.rows, v.stride, cols, sc.dp.get());  // dP^T[key][q]
     Kernel::softmax_backward_lanes(t.scores, sc.dp.get(), cols, n_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());

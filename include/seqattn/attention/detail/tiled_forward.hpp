@@ -2,8 +2,8 @@
 // one task of the plan's work partition, written as named steps.
 //
 //   load_query_tile      Q rows of the task -> Qt [dk][kBlockQ], pre-scaled
-//   kv_tile              K or V rows of one tile, used in place or staged as fp32
-//                        (load_kv_tile: through the page table of a paged cache;
+//   load_kv_tile         K or V rows of one tile, used in place or staged as fp32
+//                        (stage_rows; through the page table of a paged cache;
 //                        decode also prefetches the next tile: prefetch_kv_rows)
 //   Kernel::scores       St = K Qt (transposed scores)
 //   transform_scores     the score variant's hook (softcap, ALiBi, score_mod ...)
@@ -126,9 +126,12 @@ void load_query_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq, 
   }
 }
 
-// Rows of a K or V tile as fp32 with a row stride: in place when they are
-// fp32, contiguous and the tile has many rows; else staged into `buf` (rows
-// widened, gathered and zero-padded to `padded_width`). Rows interleaved with
+// `n` rows of a [token, head, dim] tensor (`row(j)` points at row j; rows
+// evenly strided by `token_stride`) as fp32 with a row stride, for the
+// forward's K and V tiles and the backward's Q, dO, K and V: in place when
+// the caller allows it and they are fp32, else staged into `buf` (widened,
+// gathered along `dim_stride` and zero-padded to `padded_width`). The forward
+// uses K and V in place when contiguous and the tile has many rows. Rows interleaved with
 // other heads (BSHD, token stride Hkv * D) at a 4 KiB stride all map to the
 // same few L1 sets, and with few rows (decode) the broadcast-driven QK^T loop
 // reading straight from DRAM is latency-bound: copy-then-compute streamed
@@ -139,26 +142,26 @@ struct RowsView {
   index_t stride = 0;
 };
 
-template <class Kernel, class T>
-RowsView kv_tile(const T* src, const TensorStrides& s, index_t n, index_t width, index_t padded_width, bool in_place,
-                 float* buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (in_place) return {src, s.token};
+template <class Kernel, class T, class Row>
+RowsView stage_rows(Row row, index_t n, index_t token_stride, index_t dim_stride, index_t width, index_t padded_width,
+                    bool in_place, float* buf) {
+  if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
+    if (in_place) return {row(0), token_stride};
   }
   for (index_t j = 0; j < n; ++j) {
-    const T* row = src + j * s.token;
+    const T* src = row(j);
     float* dst = buf + j * padded_width;
-    if (s.dim == 1) {
-      Kernel::to_f32(row, width, dst);
+    if (dim_stride == 1) {
+      Kernel::to_f32(src, width, dst);
     } else {
-      for (index_t e = 0; e < width; ++e) dst[e] = to_float(row[e * s.dim]);
+      for (index_t e = 0; e < width; ++e) dst[e] = to_float(src[e * dim_stride]);
     }
     std::fill(dst + width, dst + padded_width, 0.0f);
   }
   return {buf, padded_width};
 }
 
-// K (value = false) or V rows [kv0, kv0 + n) of one K/V head: kv_tile on the
+// K (value = false) or V rows [kv0, kv0 + n) of one K/V head: stage_rows on the
 // rows in place where they are evenly strided (always for contiguous K/V; in a
 // paged cache when the tile lies in one page, e.g. pages of 64 or 256 keys),
 // else staged page run by page run, one table lookup per page the tile
@@ -168,10 +171,12 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
                       index_t kv_head, index_t n, index_t width, index_t padded_width, bool in_place, float* buf) {
   const TensorStrides& s = value ? p.v_strides : p.k_strides;
   auto row = [&](index_t j) { return value ? p.v_row(seq, j, kv_head) : p.k_row(seq, j, kv_head); };
+  auto rows_from = [&](index_t first) { return [&s, base = row(first)](index_t j) { return base + j * s.token; }; };
   index_t run = p.kv_run(seq, kv0);
-  if (run >= n) return kv_tile<Kernel>(row(kv0), s, n, width, padded_width, in_place, buf);
+  if (run >= n) return stage_rows<Kernel, T>(rows_from(kv0), n, s.token, s.dim, width, padded_width, in_place, buf);
   for (index_t j = 0; j < n; j += run, run = p.kv_run(seq, kv0 + j)) {
-    kv_tile<Kernel>(row(kv0 + j), s, std::min(run, n - j), width, padded_width, false, buf + j * padded_width);
+    stage_rows<Kernel, T>(rows_from(kv0 + j), std::min(run, n - j), s.token, s.dim, width, padded_width, false,
+                          buf + j * padded_width);
   }
   return {buf, padded_width};
 }
@@ -226,34 +231,42 @@ void prefetch_kv_rows(const AttentionProblem<T>& p, const SequenceGeometry& seq,
   }
 }
 
-// Sets St to -inf where a partial tile's mask disallows: from the plan's
-// column bits (a vector of rows per mask load), from the BlockMask's row bits,
-// or from the mask's element predicate when no bits were stored.
+// Sets the elements of tile `tile_id` (a TileRef's) that the mask disallows
+// to -inf, in either ScoreTile layout: from column bits (one bit per lane for
+// each column, `column_bytes` apart: in the forward layout the plan's
+// transposed tile bits, in the backward's key-major one the BlockMask's own
+// row bits), else from the BlockMask's row bits of the tile, whose first
+// query is `tile_q_begin`, or from the mask's element predicate when no bits
+// were stored.
 template <class Kernel>
-void mask_tile(std::span<const std::uint8_t> column_bits, index_t column_tile_bytes, const BlockMask& bm, TileRef ref,
-               const ScoreTile& t, index_t q_block) {
-  constexpr index_t kBq = Kernel::kBlockQ;
-  if (ref.tile_id == TileRef::kFull) return;
-  if (ref.tile_id >= 0 && !column_bits.empty()) {
-    const std::uint8_t* bits = column_bits.data() + static_cast<std::size_t>(ref.tile_id) * column_tile_bytes;
-    Kernel::apply_column_bits(t.scores, t.cols, t.rows_padded, bits, kBq / 8);
-  } else if (ref.tile_id >= 0) {
-    const auto tile_bits = bm.tile_bits(ref.tile_id);
-    const index_t wpr = bm.words_per_row();
+void mask_tile(const ScoreTile& t, const BlockMask& bm, std::int32_t tile_id, const std::uint8_t* column_bits,
+               index_t column_bytes, index_t tile_q_begin) {
+  if (tile_id == TileRef::kFull) return;
+  if (column_bits != nullptr) {
+    Kernel::apply_column_bits(t.scores, t.cols, t.rows_padded, column_bits, column_bytes);
+    return;
+  }
+  const std::uint64_t* row_bits = tile_id >= 0 ? bm.tile_bits(tile_id).data() : nullptr;
+  const index_t wpr = bm.words_per_row();
+  for (index_t j = 0; j < t.cols; ++j) {
     for (index_t r = 0; r < t.rows; ++r) {
-      const std::uint64_t* row_bits = tile_bits.data() + (t.row_q[r] - q_block * kBq) * wpr;
-      for (index_t j = 0; j < t.cols; ++j) {
-        if (!((row_bits[j / 64] >> (j % 64)) & 1u)) t.at(r, j) = kNegInf;
-      }
-    }
-  } else {
-    for (index_t r = 0; r < t.rows; ++r) {
-      const MaskContext ctx{t.batch, t.row_head[r], t.q_len, t.kv_len};
-      for (index_t j = 0; j < t.cols; ++j) {
-        if (!bm.allowed(ctx, t.row_q[r], t.kv_begin + j)) t.at(r, j) = kNegInf;
-      }
+      const ScoreIndex x = t.index(r, j);
+      const bool allowed =
+          row_bits != nullptr
+              ? ((row_bits[(x.q - tile_q_begin) * wpr + (x.kv - t.kv_begin) / 64] >> ((x.kv - t.kv_begin) % 64)) & 1u)
+              : bm.allowed(MaskContext{x.batch, x.head, x.q_len, x.kv_len}, x.q, x.kv);
+      if (!allowed) t.at(r, j) = kNegInf;
     }
   }
+}
+
+// The forward layout's column bits of a partial tile: the plan's transposed
+// copy (TiledWork::column_bits), where it made one.
+inline const std::uint8_t* transposed_tile_bits(std::span<const std::uint8_t> column_bits, index_t column_tile_bytes,
+                                                std::int32_t tile_id) {
+  return tile_id >= 0 && !column_bits.empty()
+             ? column_bits.data() + static_cast<std::size_t>(tile_id) * column_tile_bytes
+             : nullptr;
 }
 
 // out = O / l and lse, with the variant's sink folded into the denominator.
@@ -394,7 +407,9 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
           sc.row_head.data() + r0, u.sequence, kv0,          seq.q_len,      seq.kv_len};
       tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc);
       transform_scores<Kernel>(c.variant, tile);
-      mask_tile<Kernel>(c.w.column_bits, c.w.column_tile_bytes, c.bm, ref, tile, u.q_block);
+      mask_tile<Kernel>(tile, c.bm, ref.tile_id,
+                        transposed_tile_bits(c.w.column_bits, c.w.column_tile_bytes, ref.tile_id), kBq / 8,
+                        u.q_block * kBq);
       Kernel::online_softmax(tile.scores, cols, t.group_rows_p, m + r0, l + r0, sc.alpha.get() + r0);
       tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc);
     }

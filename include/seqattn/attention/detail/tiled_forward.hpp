@@ -38,6 +38,7 @@
 #include "seqattn/attention/softmax_state.hpp"
 #include "seqattn/attention/variants.hpp"
 #include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/bits.hpp"
 #include "seqattn/masks/block_mask.hpp"
 
 namespace seqattn::detail {
@@ -239,7 +240,7 @@ void mask_tile(std::span<const std::uint8_t> column_bits, index_t column_tile_by
     for (index_t r = 0; r < t.rows; ++r) {
       const std::uint64_t* row_bits = tile_bits.data() + (t.row_q[r] - q_block * kBq) * wpr;
       for (index_t j = 0; j < t.cols; ++j) {
-        if (!((row_bits[j / 64] >> (j % 64)) & 1u)) t.at(r, j) = kNegInf;
+        if (!test_bit(row_bits, j)) t.at(r, j) = kNegInf;
       }
     }
   } else {

@@ -18,6 +18,7 @@
 
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
+#include "seqattn/core/bits.hpp"
 #include "seqattn/core/checked.hpp"
 #include "seqattn/masks/block_mask.hpp"
 
@@ -161,7 +162,7 @@ inline std::vector<std::uint8_t> transpose_tile_bits(const BlockMask& bm, index_
     std::uint8_t* dst = columns.data() + id * tile_bytes;
     for (index_t r = 0; r < block_q; ++r) {
       for (index_t c = 0; c < block_kv; ++c) {
-        if ((rows_bits[static_cast<std::size_t>(r * wpr + c / 64)] >> (c % 64)) & 1u) {
+        if (test_bit(rows_bits.data() + r * wpr, c)) {
           dst[c * (block_q / 8) + r / 8] |= static_cast<std::uint8_t>(1u << (r % 8));
         }
       }

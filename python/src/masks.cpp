@@ -404,8 +404,7 @@ void bind_block_mask(nb::module_& m) {
               const auto bits = bm.tile_bits(static_cast<std::int32_t>(id));
               for (index_t r = 0; r < bq; ++r) {
                 for (index_t c = 0; c < bk; ++c) {
-                  out(id, r, c) =
-                      static_cast<std::uint8_t>((bits[static_cast<std::size_t>(r * wpr + c / 64)] >> (c % 64)) & 1u);
+                  out(id, r, c) = static_cast<std::uint8_t>(seqattn::detail::test_bit(bits.data() + r * wpr, c));
                 }
               }
             }

@@ -2,9 +2,12 @@
 // force, optional hooks against the predicate, every representation element
 // by element, the hook-using BlockMask builder against the plain one, and the
 // transposed BlockMask against the transposed predicate.
+#include <algorithm>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <typeinfo>
 #include <vector>
 
@@ -24,6 +27,22 @@ namespace {
 using Rng = std::mt19937;
 
 index_t uniform(Rng& rng, index_t lo, index_t hi) { return std::uniform_int_distribution<index_t>(lo, hi)(rng); }
+
+// The structural interval masks: every hook the concepts detect, and plain
+// aggregates (positional and designated initializers).
+template <class M>
+constexpr bool interval_hooks() {
+  const bool hooks[] = {MaskDescription<M>, HasRowInterval<M>,      IntervalRowMask<M>,    HasKvSpan<M>,
+                        !HasRowBits<M>,     is_head_invariant<M>(), std::is_aggregate_v<M>};
+  return std::all_of(std::begin(hooks), std::end(hooks), [](bool h) { return h; });
+}
+static_assert(interval_hooks<CausalMask>() && interval_hooks<SlidingWindowMask>() &&
+              interval_hooks<ChunkedCausalMask>() && interval_hooks<PrefixLMMask>());
+static_assert(!HasCheck<CausalMask> && !HasCheck<SlidingWindowMask> && HasCheck<ChunkedCausalMask> &&
+              HasCheck<PrefixLMMask>);
+static_assert(CausalMask{Alignment::bottom_right}.alignment == Alignment::bottom_right &&
+              SlidingWindowMask{6, 2}.right == 2 && ChunkedCausalMask{8}.chunk == 8 &&
+              PrefixLMMask{.prefix = 4}.prefix == 4);
 
 // The mask seen from the key side: rows are keys.
 template <class M>

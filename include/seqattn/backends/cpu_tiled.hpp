@@ -8,11 +8,11 @@
 
 #include <optional>
 
-#include "seqattn/attention/detail/paged_forward.hpp"
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/detail/tiled_backward.hpp"
 #include "seqattn/attention/detail/tiled_forward.hpp"
 #include "seqattn/attention/detail/tiled_work.hpp"
+#include "seqattn/attention/paged.hpp"
 #include "seqattn/attention/plan.hpp"
 #include "seqattn/backends/tile_kernel.hpp"
 

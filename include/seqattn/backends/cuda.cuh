@@ -49,8 +49,8 @@
 #include <utility>
 #include <vector>
 
-#include "seqattn/attention/detail/paged_forward.hpp"
 #include "seqattn/attention/detail/problem.hpp"
+#include "seqattn/attention/paged.hpp"
 #include "seqattn/attention/plan.hpp"
 #include "seqattn/attention/run.hpp"
 #include "seqattn/attention/variants.hpp"

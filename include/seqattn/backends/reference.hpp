@@ -15,8 +15,8 @@
 #include <limits>
 #include <vector>
 
-#include "seqattn/attention/detail/paged_forward.hpp"
 #include "seqattn/attention/detail/problem.hpp"
+#include "seqattn/attention/paged.hpp"
 #include "seqattn/attention/plan.hpp"
 #include "seqattn/attention/variants.hpp"
 #include "seqattn/core/bfloat16.hpp"

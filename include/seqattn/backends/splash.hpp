@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "seqattn/core/bits.hpp"
 #include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/tensor.hpp"
@@ -424,8 +425,7 @@ struct Splash {
         std::uint8_t* out = blocks.data() + p * rows * cols;
         for (index_t i = 0; i < block.q; ++i) {
           for (index_t j = 0; j < block.kv; ++j) {
-            const auto bit =
-                static_cast<std::uint8_t>((bits[static_cast<std::size_t>(i * words + j / 64)] >> (j % 64)) & 1u);
+            const auto bit = static_cast<std::uint8_t>(seqattn::detail::test_bit(bits.data() + i * words, j));
             out[options.is_dkv ? j * cols + i : i * cols + j] = bit;
           }
         }

@@ -138,6 +138,16 @@ inline Strides row_major_strides(const Extents& shape) {
 }
 
 namespace detail {
+// Extents built by push_back. GCC 12 reports a false -Wmaybe-uninitialized for
+// brace-initialized Extents temporaries in some inlining contexts (some bf16
+// instantiations of the attention problem, the scenario headers), so those
+// build their shapes through this.
+inline Extents make_extents(std::initializer_list<index_t> dims) {
+  Extents e;
+  for (index_t d : dims) e.push_back(d);
+  return e;
+}
+
 // Throws unless `shape` is a valid size for a buffer seqattn allocates:
 // non-negative extents, at most limits::kMaxTensorElements elements.
 inline index_t checked_tensor_size(const Extents& shape, const char* what) {

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "seqattn/core/bits.hpp"
 #include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/tensor.hpp"
@@ -232,7 +233,7 @@ inline bool BlockMask::allowed(const MaskContext& ctx, index_t q, index_t kv) co
                   ctx.batch, " is partial, and the BlockMask has neither tile bits nor an element predicate");
   const auto bits = tile_bits(ids[static_cast<std::size_t>(it - partial.begin())]);
   const index_t row = q - qb * block_.q, col = kv - kb * block_.kv;
-  return (bits[static_cast<std::size_t>(row * words_per_row() + col / 64)] >> (col % 64)) & 1u;
+  return detail::test_bit(bits.data() + row * words_per_row(), col);
 }
 
 // Appends rows in (batch, head, q-block) order: per row, full and partial
@@ -443,7 +444,7 @@ inline BlockMask BlockMask::transposed() const {
       std::uint64_t* dst = t.m.tile_bits_.data() + id * block_.kv * twpr;
       for (index_t r = 0; r < block_.q; ++r) {
         for (index_t c = 0; c < block_.kv; ++c) {
-          if ((src[r * wpr + c / 64] >> (c % 64)) & 1u) dst[c * twpr + r / 64] |= std::uint64_t{1} << (r % 64);
+          if (detail::test_bit(src + r * wpr, c)) dst[c * twpr + r / 64] |= std::uint64_t{1} << (r % 64);
         }
       }
     }

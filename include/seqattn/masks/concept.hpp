@@ -221,6 +221,24 @@ void check_mask(const M& mask, const RaggedLengths& lengths, index_t heads) {
   if constexpr (HasCheck<M>) mask.check(lengths, heads);
 }
 
+// The lengths check of a mask built for fixed sequences (document, top-k,
+// multi-item): the batch must have `batch` sequences, and sequence b the
+// (q, kv) lengths expected(b) returns. The messages start with `who`; the
+// first goes on with batch_says() (what the mask holds, e.g. "the layout has
+// 2 sequences"), the second with lengths_says(b) (what it holds for b).
+template <class BatchSays, class Expected, class LengthsSays>
+void require_fixed_lengths(const RaggedLengths& lengths, const char* who, index_t batch, BatchSays&& batch_says,
+                           Expected&& expected, LengthsSays&& lengths_says) {
+  if (lengths.batch() != batch) throw_invalid(who, ": ", batch_says(), " but the batch has ", lengths.batch());
+  for (index_t b = 0; b < lengths.batch(); ++b) {
+    const index_t q = lengths.q[static_cast<std::size_t>(b)], kv = lengths.kv[static_cast<std::size_t>(b)];
+    const auto [want_q, want_kv] = expected(b);
+    if (q != want_q || kv != want_kv) {
+      throw_invalid(who, ": sequence ", b, " has lengths (", q, ", ", kv, ") but ", lengths_says(b));
+    }
+  }
+}
+
 // Brute-force classification from the element predicate: the test oracle for
 // every structural `classify`, and the fallback for data-driven masks.
 template <MaskDescription M>

@@ -379,15 +379,13 @@ struct DocumentMask {
   }
 
   void check(const RaggedLengths& lengths, index_t heads) const {
-    detail::require(lengths.batch() == layout.batch, "DocumentMask: the layout has ", layout.batch,
-                    " rows (flat over the extra and batch dims) but the batch has ", lengths.batch());
-    for (index_t b = 0; b < lengths.batch(); ++b) {
-      detail::require(lengths.q[static_cast<std::size_t>(b)] == layout.q_tokens &&
-                          lengths.kv[static_cast<std::size_t>(b)] == layout.kv_tokens,
-                      "DocumentMask: sequence ", b, " has lengths (", lengths.q[static_cast<std::size_t>(b)], ", ",
-                      lengths.kv[static_cast<std::size_t>(b)], ") but the segment ids have T_q=", layout.q_tokens,
-                      ", T_kv=", layout.kv_tokens);
-    }
+    detail::require_fixed_lengths(
+        lengths, "DocumentMask", layout.batch,
+        [&] { return detail::concat("the layout has ", layout.batch, " rows (flat over the extra and batch dims)"); },
+        [&](index_t) { return std::make_pair(layout.q_tokens, layout.kv_tokens); },
+        [&](index_t) {
+          return detail::concat("the segment ids have T_q=", layout.q_tokens, ", T_kv=", layout.kv_tokens);
+        });
     if constexpr (HasCheck<Inner>) inner.check(inner_lengths(lengths), heads);
   }
 

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "seqattn/core/bits.hpp"
 #include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/tensor.hpp"
@@ -320,7 +321,7 @@ inline FlexTileTable flex_tile_table(const BlockMask& bm) {
     for (index_t r = 0; r < s.q; ++r) {
       for (index_t c = 0; c < s.kv; ++c) {
         bytes[at + static_cast<std::size_t>(r * s.kv + c)] =
-            static_cast<std::uint8_t>((bits[static_cast<std::size_t>(r * words + c / 64)] >> (c % 64)) & 1u);
+            static_cast<std::uint8_t>(detail::test_bit(bits.data() + r * words, c));
       }
     }
     return static_cast<std::int32_t>(at / static_cast<std::size_t>(s.q * s.kv));

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "seqattn/core/error.hpp"
@@ -192,14 +193,14 @@ struct MultiItemMask {
   }
 
   void check(const RaggedLengths& lengths, index_t) const {
-    detail::require(lengths.batch() == layout.batch(), "MultiItemMask: the layout has ", layout.batch(),
-                    " sequences but the batch has ", lengths.batch());
-    for (index_t b = 0; b < lengths.batch(); ++b) {
-      const index_t q = lengths.q[static_cast<std::size_t>(b)], kv = lengths.kv[static_cast<std::size_t>(b)];
-      detail::require(q == layout.length(b) && kv == layout.length(b), "MultiItemMask: sequence ", b, " has lengths (",
-                      q, ", ", kv, ") but the layout says ", layout.length(b),
-                      " (request-local coordinates need kv_len == q_len, no cached prefix)");
-    }
+    detail::require_fixed_lengths(
+        lengths, "MultiItemMask", layout.batch(),
+        [&] { return detail::concat("the layout has ", layout.batch(), " sequences"); },
+        [&](index_t b) { return std::make_pair(layout.length(b), layout.length(b)); },
+        [&](index_t b) {
+          return detail::concat("the layout says ", layout.length(b),
+                                " (request-local coordinates need kv_len == q_len, no cached prefix)");
+        });
   }
 
  private:

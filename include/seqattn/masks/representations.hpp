@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "seqattn/core/bits.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/tensor.hpp"
 #include "seqattn/masks/block_mask.hpp"
@@ -76,8 +77,7 @@ Tensor<std::uint8_t> to_dense(const M& mask, const RaggedLengths& lengths, index
         std::fill(words.begin(), words.end(), 0);
         detail::fill_row_bits(mask, ctx, q, 0, ctx.kv_len, words.data());
         std::uint8_t* row = &out(b, h, q, index_t{0});
-        for (index_t kv = 0; kv < ctx.kv_len; ++kv)
-          row[kv] = (words[static_cast<std::size_t>(kv / 64)] >> (kv % 64)) & 1u;
+        for (index_t kv = 0; kv < ctx.kv_len; ++kv) row[kv] = detail::test_bit(words.data(), kv);
       }
     }
   }
@@ -130,7 +130,7 @@ PackedMask pack_bits(const M& mask, const RaggedLengths& lengths, index_t heads 
         std::fill(words.begin(), words.end(), 0);
         detail::fill_row_bits(mask, ctx, q, 0, ctx.kv_len, words.data());
         for (index_t kv = 0; kv < ctx.kv_len; ++kv) {
-          if ((words[static_cast<std::size_t>(kv / 64)] >> (kv % 64)) & 1u) {
+          if (detail::test_bit(words.data(), kv)) {
             const index_t i = q * ctx.kv_len + kv;
             p.bits[base + static_cast<std::size_t>(i / 8)] |= static_cast<std::uint8_t>(1u << (i % 8));
           }

@@ -30,6 +30,22 @@ inline index_t diagonal_shift(Alignment a, const MaskContext& ctx) {
 }
 }  // namespace detail
 
+// classify and kv_span of a mask whose rows are monotone intervals
+// (IntervalRowMask), from its row_interval and first_row_reaching: each mask
+// below states only its rows and then SEQATTN_INTERVAL_ROW_HOOKS;. A macro
+// rather than a base class because a base is the first element of an
+// aggregate: CausalMask{Alignment::bottom_right}, SlidingWindowMask{6, 0} and
+// PrefixLMMask{.prefix = 4} would stop compiling. Undefined at the end of
+// this header.
+#define SEQATTN_INTERVAL_ROW_HOOKS                                               \
+  TileClass classify(const MaskContext& ctx, const Tile& t) const {              \
+    return detail::classify_interval_rows(*this, ctx, t);                        \
+  }                                                                              \
+  KvSpan kv_span(const MaskContext& ctx, index_t q_begin, index_t q_end) const { \
+    return detail::kv_span_interval_rows(*this, ctx, q_begin, q_end);            \
+  }                                                                              \
+  static_assert(true)
+
 // Every query attends to every key.
 struct FullMask {
   static constexpr bool head_invariant = true;
@@ -58,12 +74,7 @@ struct CausalMask {
   index_t first_row_reaching(const MaskContext& ctx, index_t kv) const {
     return kv - detail::diagonal_shift(alignment, ctx);
   }
-  TileClass classify(const MaskContext& ctx, const Tile& t) const {
-    return detail::classify_interval_rows(*this, ctx, t);
-  }
-  KvSpan kv_span(const MaskContext& ctx, index_t q_begin, index_t q_end) const {
-    return detail::kv_span_interval_rows(*this, ctx, q_begin, q_end);
-  }
+  SEQATTN_INTERVAL_ROW_HOOKS;
 };
 
 // Sliding window (TE / FlashAttention): query q attends to keys in
@@ -92,12 +103,7 @@ struct SlidingWindowMask {
     return right < 0 ? kNoBound
                      : std::max(kNoBound, detail::saturating_sub(kv - detail::diagonal_shift(alignment, ctx), right));
   }
-  TileClass classify(const MaskContext& ctx, const Tile& t) const {
-    return detail::classify_interval_rows(*this, ctx, t);
-  }
-  KvSpan kv_span(const MaskContext& ctx, index_t q_begin, index_t q_end) const {
-    return detail::kv_span_interval_rows(*this, ctx, q_begin, q_end);
-  }
+  SEQATTN_INTERVAL_ROW_HOOKS;
 };
 
 // Chunked causal (Splash ChunkedCausalMask, FA3 attention_chunk, Llama 4):
@@ -120,12 +126,7 @@ struct ChunkedCausalMask {
   index_t first_row_reaching(const MaskContext& ctx, index_t kv) const {
     return kv - detail::diagonal_shift(alignment, ctx);
   }
-  TileClass classify(const MaskContext& ctx, const Tile& t) const {
-    return detail::classify_interval_rows(*this, ctx, t);
-  }
-  KvSpan kv_span(const MaskContext& ctx, index_t q_begin, index_t q_end) const {
-    return detail::kv_span_interval_rows(*this, ctx, q_begin, q_end);
-  }
+  SEQATTN_INTERVAL_ROW_HOOKS;
   void check(const RaggedLengths&, index_t) const {
     detail::require(chunk > 0, "ChunkedCausalMask: chunk must be positive, got ", chunk);
   }
@@ -154,12 +155,7 @@ struct PrefixLMMask {
   index_t first_row_reaching(const MaskContext& ctx, index_t kv) const {
     return kv < prefix_of(ctx) ? kNoBound : kv - detail::diagonal_shift(alignment, ctx);
   }
-  TileClass classify(const MaskContext& ctx, const Tile& t) const {
-    return detail::classify_interval_rows(*this, ctx, t);
-  }
-  KvSpan kv_span(const MaskContext& ctx, index_t q_begin, index_t q_end) const {
-    return detail::kv_span_interval_rows(*this, ctx, q_begin, q_end);
-  }
+  SEQATTN_INTERVAL_ROW_HOOKS;
   void check(const RaggedLengths& lengths, index_t) const {
     if (prefix_lengths.empty()) {
       detail::require(prefix >= 0, "PrefixLMMask: prefix must be non-negative, got ", prefix);
@@ -174,5 +170,7 @@ struct PrefixLMMask {
     }
   }
 };
+
+#undef SEQATTN_INTERVAL_ROW_HOOKS
 
 }  // namespace seqattn

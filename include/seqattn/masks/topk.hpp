@@ -23,6 +23,7 @@
 #include <limits>
 #include <numeric>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "seqattn/core/error.hpp"
@@ -137,15 +138,13 @@ struct TopKMask {
   }
 
   void check(const RaggedLengths& lengths, index_t) const {
-    detail::require(lengths.batch() == layout.batch, "TopKMask: indices cover ", layout.batch,
-                    " sequences (flat over the extra and batch dims) but the batch has ", lengths.batch());
-    for (index_t b = 0; b < lengths.batch(); ++b) {
-      detail::require(lengths.q[static_cast<std::size_t>(b)] == layout.q_len &&
-                          lengths.kv[static_cast<std::size_t>(b)] == layout.kv_len,
-                      "TopKMask: sequence ", b, " has lengths (", lengths.q[static_cast<std::size_t>(b)], ", ",
-                      lengths.kv[static_cast<std::size_t>(b)], ") but the indices are for t=", layout.q_len,
-                      ", s=", layout.kv_len);
-    }
+    detail::require_fixed_lengths(
+        lengths, "TopKMask", layout.batch,
+        [&] {
+          return detail::concat("indices cover ", layout.batch, " sequences (flat over the extra and batch dims)");
+        },
+        [&](index_t) { return std::make_pair(layout.q_len, layout.kv_len); },
+        [&](index_t) { return detail::concat("the indices are for t=", layout.q_len, ", s=", layout.kv_len); });
   }
 
  private:

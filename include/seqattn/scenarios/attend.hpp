@@ -43,8 +43,8 @@ AttentionOutput attend(TensorView<const float> q, TensorView<const float> k, Ten
                        const M& mask, Exec&& exec = Exec{}, const BlockMask* block_mask = nullptr) {
   detail::require_qkv(q, k, v, "attend");
   const index_t tq = q.extent(0), hq = q.extent(1), dv = v.extent(2);
-  AttentionOutput r{Tensor<float>(scenarios::detail::shape_of({tq, hq, dv})),
-                    Tensor<float>(scenarios::detail::shape_of({tq, hq}))};
+  AttentionOutput r{Tensor<float>(seqattn::detail::make_extents({tq, hq, dv})),
+                    Tensor<float>(seqattn::detail::make_extents({tq, hq}))};
   Extents lse_shape, lse_strides;
   for (index_t d : {index_t{1}, hq, tq}) lse_shape.push_back(d);
   for (index_t s : {tq * hq, index_t{1}, hq}) lse_strides.push_back(s);
@@ -64,8 +64,8 @@ AttentionOutput attend_thd(TensorView<const float> q, TensorView<const float> k,
   detail::require_qkv(q, k, v, "attend_thd");
   const index_t tq = q.extent(0), hq = q.extent(1), dv = v.extent(2);
   // Query tokens no segment covers are not written: they read as rows without keys (0, -inf).
-  AttentionOutput r{Tensor<float>(scenarios::detail::shape_of({tq, hq, dv})),
-                    Tensor<float>(scenarios::detail::shape_of({tq, hq}), -std::numeric_limits<float>::infinity())};
+  AttentionOutput r{Tensor<float>(seqattn::detail::make_extents({tq, hq, dv})),
+                    Tensor<float>(seqattn::detail::make_extents({tq, hq}), -std::numeric_limits<float>::infinity())};
   Extents lse_shape, lse_strides;
   lse_shape.push_back(hq);
   lse_shape.push_back(tq);

@@ -55,7 +55,7 @@ inline constexpr float kNotAllowed = -std::numeric_limits<float>::infinity();
 namespace detail {
 // A [rows, cols] 0/1 mask of zeros.
 inline Tensor<std::uint8_t> zeros_u8(index_t rows, index_t cols) {
-  return Tensor<std::uint8_t>(scenarios::detail::shape_of({rows, cols}), std::uint8_t{0});
+  return Tensor<std::uint8_t>(seqattn::detail::make_extents({rows, cols}), std::uint8_t{0});
 }
 }  // namespace detail
 
@@ -146,8 +146,8 @@ void for_each_index_score_row(TensorView<const float> q, TensorView<const float>
   const index_t t = q.extent(0), h = q.extent(1), d = q.extent(2), s = k.extent(0);
   seqattn::detail::require(k.extent(1) == d, "dsa::index_scores: k ", k.shape(), " must have head_dim ", d, " like q ",
                            q.shape());
-  seqattn::detail::require(w.shape() == scenarios::detail::shape_of({t, h}), "dsa::index_scores: w must have shape ",
-                           scenarios::detail::shape_of({t, h}), " (q ", q.shape(), "), got ", w.shape());
+  seqattn::detail::require(w.shape() == seqattn::detail::make_extents({t, h}), "dsa::index_scores: w must have shape ",
+                           seqattn::detail::make_extents({t, h}), " (q ", q.shape(), "), got ", w.shape());
   // k is laid out once in zero-padded chunks of W keys, [s / W][d][W], for
   // the Highway micro-kernel that scores two rows at a time (index_rows_kernel).
   const index_t width = index_chunk_width();
@@ -198,7 +198,7 @@ template <MaskDescription Base = CausalMask>
 Tensor<float> index_scores(TensorView<const float> q, TensorView<const float> k, TensorView<const float> w,
                            const Base& base = CausalMask{Alignment::bottom_right}) {
   const index_t s = k.rank() == 2 ? k.extent(0) : 0;
-  Tensor<float> scores(scenarios::detail::shape_of({q.rank() == 3 ? q.extent(0) : 0, s}), kNotAllowed);
+  Tensor<float> scores(seqattn::detail::make_extents({q.rank() == 3 ? q.extent(0) : 0, s}), kNotAllowed);
   detail::for_each_index_score_row(q, k, w, base,
                                    [&](index_t i, const float* row) { std::copy_n(row, s, scores.data() + i * s); });
   return scores;
@@ -297,7 +297,7 @@ inline index_t select_row(const float* row, index_t s, index_t k, TopKOrder orde
 }
 
 inline TopK empty_topk(index_t t, index_t s, index_t k) {
-  return TopK{k, s, Tensor<std::int32_t>(scenarios::detail::shape_of({t, k}), -1),
+  return TopK{k, s, Tensor<std::int32_t>(seqattn::detail::make_extents({t, k}), -1),
               std::vector<index_t>(static_cast<std::size_t>(t), 0), 0};
 }
 
@@ -414,7 +414,8 @@ inline std::vector<std::uint8_t> threshold_select_raw(std::span<const float> row
 // heads). Every selected key is allowed by the base mask already, so no AND
 // is needed; indices from elsewhere can be combined as `topk_mask(l) & base`.
 inline TopKLayout topk_layout(const TopK& t) {
-  return TopKLayout::from_indices(t.indices.view().reshape(scenarios::detail::shape_of({1, t.rows(), t.k})), t.kv_len);
+  return TopKLayout::from_indices(t.indices.view().reshape(seqattn::detail::make_extents({1, t.rows(), t.k})),
+                                  t.kv_len);
 }
 
 // Running a token-level selection on a block engine. Scattered keys leave few
@@ -521,8 +522,8 @@ inline GatheredSelection gather_selection(const TopK& sel, TensorView<const floa
     total += static_cast<index_t>(u.size());
     unions.push_back(std::move(u));
   }
-  g.k = Tensor<float>(scenarios::detail::shape_of({total, hkv, d}));
-  g.v = Tensor<float>(scenarios::detail::shape_of({total, hkv, dv}));
+  g.k = Tensor<float>(seqattn::detail::make_extents({total, hkv, d}));
+  g.v = Tensor<float>(seqattn::detail::make_extents({total, hkv, dv}));
   index_t row = 0;
   for (const auto& un : unions) {
     for (std::int32_t j : un) {

@@ -119,7 +119,7 @@ inline Tensor<float> pooled_mass_from_probs(TensorView<const float> probs, index
                            groups, "), got ", probs.shape());
   const Tiling tl = detail::tiling_of(probs.extent(1), probs.extent(2), tile);
   const index_t heads = probs.extent(0), lk = tl.kv_len, per = heads / groups;
-  Tensor<float> pooled(scenarios::detail::shape_of({groups, tl.num_tiles(), lk}));
+  Tensor<float> pooled(seqattn::detail::make_extents({groups, tl.num_tiles(), lk}));
   std::vector<float> row(static_cast<std::size_t>(lk));
   for (index_t h = 0; h < heads; ++h) {
     for (index_t q = 0; q < tl.q_len; ++q) {
@@ -200,7 +200,7 @@ inline Tensor<float> pooled_mass(TensorView<const float> q, TensorView<const flo
   seqattn::detail::require(q.is_contiguous() && k.is_contiguous(), "kascade::pooled_mass: q and k must be contiguous");
   const Tiling tl = detail::tiling_of(q.extent(0), k.extent(0), tile);
   const index_t hq = q.extent(1), hkv = k.extent(1), d = q.extent(2), lk = tl.kv_len, per = hq / hkv;
-  Tensor<float> pooled(scenarios::detail::shape_of({hkv, tl.num_tiles(), lk}));
+  Tensor<float> pooled(seqattn::detail::make_extents({hkv, tl.num_tiles(), lk}));
   // K of each group laid out in zero-padded chunks of W keys, [Hkv][Lk / W][D][W],
   // for the Highway kernels (scores of one head against W keys per step, then
   // a vectorized exp). This is dense work: the price of an anchor layer.
@@ -356,8 +356,8 @@ inline Gathered gather(const Selection& sel, std::span<const index_t> head_map, 
     out.kv_lens.push_back(static_cast<std::int32_t>(sel.count(t) + sel.tiling.rows(t)));
     total += out.kv_lens.back();
   }
-  out.k = Tensor<float>(scenarios::detail::shape_of({total, hkv, d}));
-  out.v = Tensor<float>(scenarios::detail::shape_of({total, hkv, d}));
+  out.k = Tensor<float>(seqattn::detail::make_extents({total, hkv, d}));
+  out.v = Tensor<float>(seqattn::detail::make_extents({total, hkv, d}));
   const auto copy_row = [&](index_t dst, index_t src, index_t g) {
     const auto n = static_cast<std::size_t>(d);
     std::copy_n(k.data() + (src * hkv + g) * d, n, out.k.data() + (dst * hkv + g) * d);

@@ -6,22 +6,10 @@
 
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
 
 #include "seqattn/core/tensor.hpp"
 
 namespace seqattn::scenarios {
-
-namespace detail {
-// Extents built by push_back. GCC 12 reports a false -Wmaybe-uninitialized for
-// brace-initialized Extents temporaries in some inlining contexts, so the
-// scenario headers build every shape through this.
-inline Extents shape_of(std::initializer_list<index_t> dims) {
-  Extents e;
-  for (index_t d : dims) e.push_back(d);
-  return e;
-}
-}  // namespace detail
 
 class SplitMix64 {
  public:

@@ -52,8 +52,8 @@ AttentionOutput reference_attention(TensorView<const float> q, TensorView<const 
   detail::require_qkv(q, k, v, "reference_attention");
   const index_t tq = q.extent(0), hq = q.extent(1), d = q.extent(2), tk = k.extent(0);
   const index_t group = hq / k.extent(1);
-  AttentionOutput r{Tensor<float>(scenarios::detail::shape_of({tq, hq, d})),
-                    Tensor<float>(scenarios::detail::shape_of({tq, hq}))};
+  AttentionOutput r{Tensor<float>(seqattn::detail::make_extents({tq, hq, d})),
+                    Tensor<float>(seqattn::detail::make_extents({tq, hq}))};
   std::vector<double> s(static_cast<std::size_t>(tk));
   std::vector<double> acc(static_cast<std::size_t>(d));
   for (index_t i = 0; i < tq; ++i) {

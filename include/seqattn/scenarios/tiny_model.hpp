@@ -51,13 +51,13 @@ class TinyModel {
     seqattn::detail::require(c_.head_dim % 2 == 0, "TinyModel: head_dim (", c_.head_dim, ") must be even for RoPE");
     SplitMix64 rng(c_.seed);
     const auto in_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.dim)));
-    embedding_ = random_normal(scenarios::detail::shape_of({c_.vocab, c_.dim}), rng);
-    wq_ = random_normal(scenarios::detail::shape_of({c_.dim, c_.heads * c_.head_dim}), rng, in_scale);
-    wk_ = random_normal(scenarios::detail::shape_of({c_.dim, c_.kv_heads * c_.head_dim}), rng, in_scale);
-    wv_ = random_normal(scenarios::detail::shape_of({c_.dim, c_.kv_heads * c_.head_dim}), rng, in_scale);
-    wo_ = random_normal(scenarios::detail::shape_of({c_.heads * c_.head_dim, c_.dim}), rng,
+    embedding_ = random_normal(seqattn::detail::make_extents({c_.vocab, c_.dim}), rng);
+    wq_ = random_normal(seqattn::detail::make_extents({c_.dim, c_.heads * c_.head_dim}), rng, in_scale);
+    wk_ = random_normal(seqattn::detail::make_extents({c_.dim, c_.kv_heads * c_.head_dim}), rng, in_scale);
+    wv_ = random_normal(seqattn::detail::make_extents({c_.dim, c_.kv_heads * c_.head_dim}), rng, in_scale);
+    wo_ = random_normal(seqattn::detail::make_extents({c_.heads * c_.head_dim, c_.dim}), rng,
                         static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.heads * c_.head_dim))));
-    whead_ = random_normal(scenarios::detail::shape_of({c_.dim, c_.vocab}), rng, in_scale);
+    whead_ = random_normal(seqattn::detail::make_extents({c_.dim, c_.vocab}), rng, in_scale);
   }
 
   const TinyModelConfig& config() const { return c_; }
@@ -69,9 +69,9 @@ class TinyModel {
     seqattn::detail::require(tokens.size() == positions.size(), "TinyModel::project: ", tokens.size(), " tokens but ",
                              positions.size(), " positions");
     const auto t = static_cast<index_t>(tokens.size());
-    Projections p{Tensor<float>(scenarios::detail::shape_of({t, c_.heads, c_.head_dim})),
-                  Tensor<float>(scenarios::detail::shape_of({t, c_.kv_heads, c_.head_dim})),
-                  Tensor<float>(scenarios::detail::shape_of({t, c_.kv_heads, c_.head_dim}))};
+    Projections p{Tensor<float>(seqattn::detail::make_extents({t, c_.heads, c_.head_dim})),
+                  Tensor<float>(seqattn::detail::make_extents({t, c_.kv_heads, c_.head_dim})),
+                  Tensor<float>(seqattn::detail::make_extents({t, c_.kv_heads, c_.head_dim}))};
     for (index_t i = 0; i < t; ++i) {
       const float* x = embedding_.data() + tokens[static_cast<std::size_t>(i)] * c_.dim;
       matvec(x, wq_, p.q.data() + i * c_.heads * c_.head_dim);
@@ -90,9 +90,9 @@ class TinyModel {
                          std::span<const index_t> rows) const {
     check_tokens(tokens);
     const auto t = static_cast<index_t>(tokens.size());
-    seqattn::detail::require_shape(attn.view(), scenarios::detail::shape_of({t, c_.heads, c_.head_dim}),
+    seqattn::detail::require_shape(attn.view(), seqattn::detail::make_extents({t, c_.heads, c_.head_dim}),
                                    "TinyModel::logprobs: attn");
-    Tensor<float> out(scenarios::detail::shape_of({static_cast<index_t>(rows.size()), c_.vocab}));
+    Tensor<float> out(seqattn::detail::make_extents({static_cast<index_t>(rows.size()), c_.vocab}));
     std::vector<float> y(static_cast<std::size_t>(c_.dim));
     for (std::size_t r = 0; r < rows.size(); ++r) {
       const index_t i = rows[r];

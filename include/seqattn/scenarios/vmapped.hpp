@@ -69,7 +69,7 @@ AttentionOutput attend_bshd(TensorView<const float> q, TensorView<const float> k
   const index_t rows = qr.extent(0), s = qr.extent(1), h = qr.extent(2), dv = vr.extent(3);
   const DocumentLayout layout = DocumentLayout::from_segment_ids(segment_ids, positions);
   const auto mask = document_mask(layout, CausalMask{});
-  AttentionOutput r{Tensor<float>(q.shape().drop_last(1).concat(scenarios::detail::shape_of({dv}))),
+  AttentionOutput r{Tensor<float>(q.shape().drop_last(1).concat(seqattn::detail::make_extents({dv}))),
                     Tensor<float>(q.shape().drop_last(1))};
   Extents out_shape, lse_shape, lse_strides;
   for (index_t d : {rows, s, h, dv}) out_shape.push_back(d);
@@ -110,7 +110,7 @@ AttentionOutput attend_thd(TensorView<const float> q, TensorView<const float> k,
   const SegmentTable table = packed.table();
   const AttentionOutput flat_out =
       scenarios::attend_thd(flat(qr), flat(kr), flat(vr), table, scale, CausalMask{}, std::forward<Exec>(exec));
-  return {Tensor<float>(q.shape().drop_last(1).concat(scenarios::detail::shape_of({v.extent(-1)})),
+  return {Tensor<float>(q.shape().drop_last(1).concat(seqattn::detail::make_extents({v.extent(-1)})),
                         std::vector<float>(flat_out.out.values().begin(), flat_out.out.values().end())),
           Tensor<float>(q.shape().drop_last(1),
                         std::vector<float>(flat_out.lse.values().begin(), flat_out.lse.values().end()))};

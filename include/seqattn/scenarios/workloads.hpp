@@ -40,13 +40,13 @@ inline DsaInputs dsa_inputs(index_t tokens, index_t heads, index_t kv_heads, ind
                             index_t index_dim, std::uint64_t seed) {
   SplitMix64 rng(seed);
   DsaInputs in;
-  in.q = random_normal(scenarios::detail::shape_of({tokens, heads, head_dim}), rng);
-  in.k = random_normal(scenarios::detail::shape_of({tokens, kv_heads, head_dim}), rng);
-  in.v = random_normal(scenarios::detail::shape_of({tokens, kv_heads, head_dim}), rng);
+  in.q = random_normal(seqattn::detail::make_extents({tokens, heads, head_dim}), rng);
+  in.k = random_normal(seqattn::detail::make_extents({tokens, kv_heads, head_dim}), rng);
+  in.v = random_normal(seqattn::detail::make_extents({tokens, kv_heads, head_dim}), rng);
   in.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  in.index_q = random_normal(scenarios::detail::shape_of({tokens, index_heads, index_dim}), rng, 0.3f);
-  in.index_k = random_normal(scenarios::detail::shape_of({tokens, index_dim}), rng, 0.3f);
-  in.index_w = Tensor<float>(scenarios::detail::shape_of({tokens, index_heads}));
+  in.index_q = random_normal(seqattn::detail::make_extents({tokens, index_heads, index_dim}), rng, 0.3f);
+  in.index_k = random_normal(seqattn::detail::make_extents({tokens, index_dim}), rng, 0.3f);
+  in.index_w = Tensor<float>(seqattn::detail::make_extents({tokens, index_heads}));
   for (index_t j = 0; j < tokens; ++j) {
     in.index_k(j, index_t{0}) = static_cast<float>(j) / 64.0f;
     in.index_k(j, index_t{1}) = rng.below(50) == 0 ? 4.0f : 0.0f;
@@ -77,16 +77,16 @@ inline std::vector<KascadeLayer> kascade_layers(index_t tokens, index_t heads, i
   const index_t group = heads / kv_heads;
   std::vector<Tensor<float>> dir;  // u_g, unit vectors
   for (index_t g = 0; g < kv_heads; ++g) {
-    Tensor<float> u = random_normal(scenarios::detail::shape_of({head_dim}), rng);
+    Tensor<float> u = random_normal(seqattn::detail::make_extents({head_dim}), rng);
     double n = 0.0;
     for (float x : u.values()) n += static_cast<double>(x) * x;
     for (float& x : u.values()) x = static_cast<float>(x / std::sqrt(n));
     dir.push_back(std::move(u));
   }
   const float boost = std::sqrt(6.0f * std::sqrt(static_cast<float>(head_dim)));  // boost^2 / sqrt(D) = 6
-  KascadeLayer base{random_normal(scenarios::detail::shape_of({tokens, heads, head_dim}), rng),
-                    random_normal(scenarios::detail::shape_of({tokens, kv_heads, head_dim}), rng),
-                    random_normal(scenarios::detail::shape_of({tokens, kv_heads, head_dim}), rng)};
+  KascadeLayer base{random_normal(seqattn::detail::make_extents({tokens, heads, head_dim}), rng),
+                    random_normal(seqattn::detail::make_extents({tokens, kv_heads, head_dim}), rng),
+                    random_normal(seqattn::detail::make_extents({tokens, kv_heads, head_dim}), rng)};
   for (index_t j = 0; j < tokens; ++j) {
     for (index_t g = 0; g < kv_heads; ++g) {
       if (rng.below(20) != 0) continue;

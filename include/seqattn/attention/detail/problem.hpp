@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <span>
 #include <string>
 #include <utility>
@@ -96,14 +95,6 @@ struct AttentionProblem {
     return lse ? lse + s.lse_base + i * lse_strides.token + h * lse_strides.head : nullptr;
   }
 };
-
-// Extents built by push_back: GCC 12 reports a false maybe-uninitialized on
-// brace-initialized Extents in some bf16 instantiations.
-inline Extents make_extents(std::initializer_list<index_t> dims) {
-  Extents e;
-  for (index_t d : dims) e.push_back(d);
-  return e;
-}
 
 // The geometry alone; make_attention_problem and make_backward_problem add
 // the memory checks of their own outputs.

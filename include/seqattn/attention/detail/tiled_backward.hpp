@@ -30,6 +30,7 @@
 #include "seqattn/attention/detail/tiled_forward.hpp"
 #include "seqattn/attention/detail/tiled_work.hpp"
 #include "seqattn/attention/variants.hpp"
+#include "seqattn/core/longest_first.hpp"
 #include "seqattn/masks/block_mask.hpp"
 
 namespace seqattn::detail {
@@ -69,15 +70,6 @@ struct TiledBackwardWork {
   std::vector<index_t> row_base;  // per sequence: first row of D, rows ordered (head, query)
   index_t total_rows = 0;
 };
-
-inline std::vector<index_t> longest_first(const std::vector<index_t>& cost) {
-  std::vector<index_t> order(cost.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<index_t>(i);
-  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
-    return cost[static_cast<std::size_t>(a)] > cost[static_cast<std::size_t>(b)];
-  });
-  return order;
-}
 
 // Key tasks from the transposed BlockMask: its row (b, h, kb) lists the
 // q-blocks that see kv-block kb; partial tiles keep their ids (the

@@ -42,6 +42,7 @@
 #include "seqattn/attention/softmax_state.hpp"
 #include "seqattn/attention/variants.hpp"
 #include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/bits.hpp"
 #include "seqattn/masks/block_mask.hpp"
 
 namespace seqattn::detail {
@@ -251,10 +252,8 @@ void mask_tile(const ScoreTile& t, const BlockMask& bm, std::int32_t tile_id, co
   for (index_t j = 0; j < t.cols; ++j) {
     for (index_t r = 0; r < t.rows; ++r) {
       const ScoreIndex x = t.index(r, j);
-      const bool allowed =
-          row_bits != nullptr
-              ? ((row_bits[(x.q - tile_q_begin) * wpr + (x.kv - t.kv_begin) / 64] >> ((x.kv - t.kv_begin) % 64)) & 1u)
-              : bm.allowed(MaskContext{x.batch, x.head, x.q_len, x.kv_len}, x.q, x.kv);
+      const bool allowed = row_bits != nullptr ? test_bit(row_bits + (x.q - tile_q_begin) * wpr, x.kv - t.kv_begin)
+                                               : bm.allowed(MaskContext{x.batch, x.head, x.q_len, x.kv_len}, x.q, x.kv);
       if (!allowed) t.at(r, j) = kNegInf;
     }
   }

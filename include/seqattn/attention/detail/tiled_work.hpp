@@ -18,7 +18,9 @@
 
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
+#include "seqattn/core/bits.hpp"
 #include "seqattn/core/checked.hpp"
+#include "seqattn/core/longest_first.hpp"
 #include "seqattn/masks/block_mask.hpp"
 
 namespace seqattn::detail {
@@ -139,15 +141,11 @@ inline index_t choose_kv_splits(const std::vector<WorkUnit>& units, index_t requ
 // Longest tasks first: with dynamic claiming this balances causal rows.
 inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, index_t splits) {
   const index_t n_tasks = checked_mul(static_cast<index_t>(units.size()), splits, "plan_attention: tasks");
-  std::vector<index_t> order(static_cast<std::size_t>(n_tasks));
-  for (index_t t = 0; t < n_tasks; ++t) order[static_cast<std::size_t>(t)] = t;
-  auto cost = [&](index_t t) {
+  return longest_first(n_tasks, [&](index_t t) {
     const auto& u = units[static_cast<std::size_t>(t / splits)];
     const index_t s = t % splits, n = u.num_tiles();
     return (n * (s + 1) / splits - n * s / splits) * u.rows();
-  };
-  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return cost(a) > cost(b); });
-  return order;
+  });
 }
 
 // Column-major copies of the distinct partial tiles' bits (see TiledWork).
@@ -161,7 +159,7 @@ inline std::vector<std::uint8_t> transpose_tile_bits(const BlockMask& bm, index_
     std::uint8_t* dst = columns.data() + id * tile_bytes;
     for (index_t r = 0; r < block_q; ++r) {
       for (index_t c = 0; c < block_kv; ++c) {
-        if ((rows_bits[static_cast<std::size_t>(r * wpr + c / 64)] >> (c % 64)) & 1u) {
+        if (test_bit(rows_bits.data() + r * wpr, c)) {
           dst[c * (block_q / 8) + r / 8] |= static_cast<std::uint8_t>(1u << (r % 8));
         }
       }

@@ -41,6 +41,7 @@
 #include "seqattn/backends/cuda/device_mask.hpp"
 #include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
+#include "seqattn/core/longest_first.hpp"
 
 namespace seqattn::cuda {
 
@@ -90,9 +91,10 @@ inline index_t padded_head_dim(index_t dk, index_t dv) {
 // Appends the items of (weight, item) pairs to `out`, heaviest first (ties
 // keep their order), so that the tail of a grid is short work.
 template <class Item>
-void longest_first(std::vector<std::pair<index_t, Item>>& weighted, std::vector<Item>& out) {
-  std::stable_sort(weighted.begin(), weighted.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& w : weighted) out.push_back(w.second);
+void longest_first(const std::vector<std::pair<index_t, Item>>& weighted, std::vector<Item>& out) {
+  const auto order = seqattn::detail::longest_first(
+      static_cast<index_t>(weighted.size()), [&](index_t i) { return weighted[static_cast<std::size_t>(i)].first; });
+  for (const index_t i : order) out.push_back(weighted[static_cast<std::size_t>(i)].second);
 }
 
 inline LaunchPlan plan_launch(const AttentionShape& shape, const DeviceMaskLayout& mask, const PlanOptions& options,

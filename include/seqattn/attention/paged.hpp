@@ -4,8 +4,8 @@
 // serves a paged and a contiguous call of the same lengths; the backend sees
 // an AttentionProblem whose K/V rows are looked up through the block table.
 //
-// Included by the backends (backends/cpu_tiled.hpp, backends/reference.hpp),
-// so it is available wherever a backend is.
+// Included by the backends (backends/cpu_tiled.hpp, backends/reference.hpp,
+// backends/cuda.cuh), so it is available wherever a backend is.
 #pragma once
 
 #include <type_traits>

@@ -3,9 +3,12 @@
 8 layers x 20 steps of attention, forward and backward (jax.value_and_grad of one jitted step), B = 1,
 8192 tokens, 4 heads, d = 64, fp32, `--threads` threads, in two settings:
   documents  16 packed documents of random lengths, new each step (new traced segment ids), causal
-             inside each document: the engine plans the document mask over each call's ids;
-  static     a static mask (causal, 256-token window) and no segment ids: the XLA handlers plan once
-             per (mask, shape, pass) and reuse the plan (python/src/jax_ffi.cpp, cached_plan).
+             inside each document: the document mask over each step's ids, planned once per step and
+             pass and shared by the layers;
+  static     a static mask (causal, 256-token window) and no segment ids: planned once per (mask,
+             shape, pass) for the whole loop.
+The XLA handlers keep the plans (python/src/jax_ffi.cpp, call_plan); before they did, every call
+planned: "before caching" is that cost, layers x the two plans measured alone.
 Printed per setting: the planning of one layer's calls measured alone (seqattn.plan of the forward and
 the backward plan: what every handler call cost before plans were cached, and what a call with segment
 ids costs now), the step time, planning's share of the step, and the attention rate in GFLOP/s beside
@@ -101,7 +104,7 @@ def main():
         total = time.perf_counter() - t
         plans, hits = (a - b for a, b in zip(seqattn._core._ffi_plan_cache_stats(), stats0))
         per_step = total / args.steps
-        planned_per_step = args.layers * plan_s if with_ids else plans * plan_s / 2 / args.steps
+        planned_per_step = plans * plan_s / 2 / args.steps  # plan_s: two plans (forward, backward)
         pairs = np.mean([pairs_of(ids) for ids in id_sets]) if with_ids else window_pairs()
         flops = pairs * HEADS * 2 * (DIM + DIM) * 3.5 * args.layers
         print(f"{name:9s}  plan (fwd+bwd, one layer) {plan_s * 1e3:7.2f} ms   step {per_step * 1e3:8.1f} ms   "

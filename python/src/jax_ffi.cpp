@@ -4,12 +4,14 @@
 // Python mask is registered once (register_ffi_mask) and the call carries its
 // index as the static attribute `mask_id`. Segment ids and positions are
 // operands (traced arrays); a zero-size operand means "not given". Plans are
-// cached per (mask, shape), so a jitted step plans once; a call with segment
-// ids plans its document mask over those ids.
+// cached per (mask, shape, pass, threads, segment ids), so a jitted step plans
+// each distinct call once (call_plan).
 //
 // Layout: BSHD with any number of leading dims folded into the batch, which
 // is what vmap with vmap_method="broadcast_all" hands over: q [..., S, H, D],
 // ids [..., S], lse [..., H, S].
+#include <array>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <nanobind/nanobind.h>
@@ -87,7 +89,37 @@ TensorView<const std::int32_t> ids_view(ffi::Buffer<ffi::S32> b, const char* nam
   return TensorView<const std::int32_t>(b.typed_data(), fold_leading(dims_of(b.dimensions()), 1, name));
 }
 
-// What the plan cache below has done: plans made, calls served from it.
+// The segment-id operands of a call, by value (q ids, kv ids, q positions,
+// kv positions back to back, and how many of each; 0: not given).
+struct IdOperands {
+  std::vector<std::int32_t> values;
+  std::array<std::int64_t, 4> sizes{};
+  bool operator==(const IdOperands&) const = default;
+};
+
+IdOperands id_operands(std::initializer_list<ffi::Buffer<ffi::S32>> buffers) {
+  IdOperands ids;
+  std::size_t i = 0;
+  for (const auto& b : buffers) {
+    const auto n = static_cast<std::int64_t>(b.element_count());
+    ids.sizes[i++] = n;
+    ids.values.insert(ids.values.end(), b.typed_data(), b.typed_data() + n);
+  }
+  return ids;
+}
+
+// What a plan is made for: the registered mask, the shape, the pass, the
+// threads and the segment ids (none for a static mask).
+struct PlanKey {
+  std::int64_t mask_id = 0;
+  bool backward = false;
+  int threads = 1;
+  AttentionShape shape;
+  IdOperands ids;
+  bool operator==(const PlanKey&) const = default;
+};
+
+// What the plan caches below have done: plans made, calls served from them.
 struct PlanCacheStats {
   std::int64_t plans = 0;
   std::int64_t hits = 0;
@@ -101,63 +133,67 @@ PlanCacheStats& plan_cache_stats() {
   return s;
 }
 
-// Plans of registered masks without segment ids, per (mask id, shape, pass,
-// threads): a jitted step plans once, not on every call. A few shapes at a
-// time are kept (a model calls attention with a handful); the oldest goes
-// first. Plans are immutable, so concurrent calls share them.
-std::shared_ptr<const EnginePlan> cached_plan(std::int64_t mask_id, const AttentionShape& shape, bool backward,
-                                              int threads) {
-  struct Entry {
-    std::int64_t mask_id;
-    bool backward;
-    int threads;
-    AttentionShape shape;
-    std::shared_ptr<const EnginePlan> plan;
-  };
-  static auto* cache = new std::vector<Entry>();  // never destroyed, like the registry
-  constexpr std::size_t kKept = 32;
-  PlanCacheStats& stats = plan_cache_stats();
-  {
-    std::lock_guard lock(plan_cache_mutex());
-    for (const Entry& e : *cache) {
-      if (e.mask_id == mask_id && e.backward == backward && e.threads == threads && e.shape == shape) {
-        ++stats.hits;
-        return e.plan;
+// Plans by key, the oldest dropped first beyond `kept`. A jitted step calls
+// each layer's attention with the same static mask and shape, and with the
+// same segment ids in every layer and in the backward pass: each distinct
+// key is planned once. Plans are immutable, so concurrent calls share them.
+class PlanCache {
+ public:
+  explicit PlanCache(std::size_t kept) : kept_(kept) {}
+
+  template <class Make>
+  std::shared_ptr<const EnginePlan> get(PlanKey key, Make&& make) {
+    PlanCacheStats& stats = plan_cache_stats();
+    {
+      std::lock_guard lock(plan_cache_mutex());
+      for (const Entry& e : entries_) {
+        if (e.key == key) {
+          ++stats.hits;
+          return e.plan;
+        }
       }
     }
+    // Planned outside the lock: two threads may both plan a new key; both plans are right.
+    auto plan = make();
+    std::lock_guard lock(plan_cache_mutex());
+    ++stats.plans;
+    if (entries_.size() == kept_) entries_.erase(entries_.begin());
+    entries_.push_back({std::move(key), plan});
+    return plan;
   }
-  // Planned outside the lock: two threads may both plan a new shape; one plan is kept.
-  auto plan = plan_engine(shape, registered_mask(mask_id), backward, threads);
-  std::lock_guard lock(plan_cache_mutex());
-  ++stats.plans;
-  if (cache->size() == kKept) cache->erase(cache->begin());
-  cache->push_back({mask_id, backward, threads, shape, plan});
-  return plan;
-}
 
-// The plan of one call: the registered mask's cached plan, or with segment
-// ids a plan of the document mask around it over those ids (the layout only
-// has to outlive the call).
-struct CallPlan {
-  std::unique_ptr<DocumentLayout> layout;
-  std::shared_ptr<const EnginePlan> plan;
+ private:
+  struct Entry {
+    PlanKey key;
+    std::shared_ptr<const EnginePlan> plan;
+  };
+  std::size_t kept_;
+  std::vector<Entry> entries_;
 };
 
-CallPlan call_plan(std::int64_t mask_id, const AttentionShape& shape, bool backward, int threads,
-                   ffi::Buffer<ffi::S32> q_ids, ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos,
-                   ffi::Buffer<ffi::S32> kv_pos) {
-  CallPlan c;
+// The plan of one call. Static masks: a few shapes at a time are kept (a
+// model calls attention with a handful). With segment ids, the document
+// mask over them, owning its layout; their own cache, so that new ids every
+// step do not push the static plans out (a step needs two: forward and
+// backward).
+std::shared_ptr<const EnginePlan> call_plan(std::int64_t mask_id, const AttentionShape& shape, bool backward,
+                                            int threads, ffi::Buffer<ffi::S32> q_ids, ffi::Buffer<ffi::S32> kv_ids,
+                                            ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos) {
+  static auto* static_plans = new PlanCache(32);  // never destroyed, like the registry
+  static auto* id_plans = new PlanCache(4);
   const auto qi = ids_view(q_ids, "q_segment_ids");
   if (qi.rank() == 0) {
-    c.plan = cached_plan(mask_id, shape, backward, threads);
-    return c;
+    return static_plans->get(PlanKey{mask_id, backward, threads, shape, {}},
+                             [&] { return plan_engine(shape, registered_mask(mask_id), backward, threads); });
   }
-  const auto ki = kv_ids.element_count() == 0 ? qi : ids_view(kv_ids, "kv_segment_ids");
-  const auto qp = ids_view(q_pos, "q_positions");
-  const auto kp = kv_pos.element_count() == 0 ? qp : ids_view(kv_pos, "kv_positions");
-  c.layout = std::make_unique<DocumentLayout>(DocumentLayout::from_segment_ids(qi, ki, qp, kp));
-  c.plan = plan_engine(shape, AnyMask(document_mask(*c.layout, registered_mask(mask_id))), backward, threads);
-  return c;
+  return id_plans->get(PlanKey{mask_id, backward, threads, shape, id_operands({q_ids, kv_ids, q_pos, kv_pos})}, [&] {
+    const auto ki = kv_ids.element_count() == 0 ? qi : ids_view(kv_ids, "kv_segment_ids");
+    const auto qp = ids_view(q_pos, "q_positions");
+    const auto kp = kv_pos.element_count() == 0 ? qp : ids_view(kv_pos, "kv_positions");
+    auto layout = std::make_shared<const DocumentLayout>(DocumentLayout::from_segment_ids(qi, ki, qp, kp));
+    const AnyMask mask(document_mask(*layout, registered_mask(mask_id)), layout);
+    return plan_engine(shape, mask, backward, threads);
+  });
 }
 
 RunOptions run_options(float scale, float softcap, std::int64_t threads) {
@@ -176,9 +212,9 @@ void forward_typed(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Bu
   const AttentionInputs<T> in{input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), nullptr};
   const AttentionShape shape = shape_of(in);
   check_run_options(options, shape);
-  const CallPlan plan = call_plan(mask_id, shape, false, options.threads, q_ids, kv_ids, q_pos, kv_pos);
+  const auto plan = call_plan(mask_id, shape, false, options.threads, q_ids, kv_ids, q_pos, kv_pos);
   const auto lse_dims = fold_leading(dims_of(lse->dimensions()), 2, "lse");
-  run_forward<T>(*plan.plan, options, in, output<T>(out, 3, "out"), TensorView<float>(lse->typed_data(), lse_dims));
+  run_forward<T>(*plan, options, in, output<T>(out, 3, "out"), TensorView<float>(lse->typed_data(), lse_dims));
 }
 
 ffi::Error forward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> q_ids,
@@ -212,7 +248,7 @@ void backward_typed(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
   const AttentionInputs<T> in{input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), nullptr};
   const AttentionShape shape = shape_of(in);
   check_run_options(options, shape);
-  const CallPlan plan = call_plan(mask_id, shape, true, options.threads, q_ids, kv_ids, q_pos, kv_pos);
+  const auto plan = call_plan(mask_id, shape, true, options.threads, q_ids, kv_ids, q_pos, kv_pos);
   const auto lse_dims = fold_leading(dims_of(lse.dimensions()), 2, "lse");
   // Gradient rows no query sees are not all written by the engine's THD
   // path; BSHD writes every element, but zeroing first keeps that a detail.
@@ -221,7 +257,7 @@ void backward_typed(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
   zero(dqv);
   zero(dkv);
   zero(dvv);
-  run_backward<T>(*plan.plan, options, in, input<T>(out, 3, "out"), TensorView<const float>(lse.typed_data(), lse_dims),
+  run_backward<T>(*plan, options, in, input<T>(out, 3, "out"), TensorView<const float>(lse.typed_data(), lse_dims),
                   input<T>(dout, 3, "dout"), dqv, dkv, dvv);
 }
 

@@ -46,7 +46,7 @@ def test_segment_ids_and_positions_traced(rng):
     np.testing.assert_allclose(out2, reference(q, k, v, allowed2), atol=2e-5)
 
 
-def test_a_jitted_step_plans_once_per_shape_and_pass(rng):
+def test_a_jitted_step_plans_once_per_shape_pass_and_ids(rng):
     mask = seqattn.CausalMask() & seqattn.SlidingWindowMask(5, 0)  # a mask no other test registers
     step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(sj.attention(q, k, v, mask) ** 2), argnums=(0, 1, 2)))
     plans, hits = seqattn._core._ffi_plan_cache_stats()
@@ -61,11 +61,16 @@ def test_a_jitted_step_plans_once_per_shape_and_pass(rng):
     (loss, grads), (q, k, v) = results[-1]
     out = seqattn.attention(np.asarray(q), np.asarray(k), np.asarray(v), mask, threads=0)[0]
     np.testing.assert_allclose(loss, np.sum(out.astype(np.float64) ** 2), rtol=1e-5)
-    # With segment ids the document mask is planned per call, over those ids.
-    ids = np.array([[1] * 10 + [2] * 9, [1] * 19], np.int32)
+    # With segment ids: planned once per distinct ids (every layer of a step shares them).
     fn = jax.jit(lambda q, k, v, i: sj.attention(q, k, v, mask, segment_ids=i))
-    jax.block_until_ready(fn(q, k, v, ids))
-    assert seqattn._core._ffi_plan_cache_stats()[0] == plans_after
+    first = np.array([[1] * 10 + [2] * 9, [1] * 19], np.int32)
+    second = np.array([[1] * 4 + [2] * 15, [1] * 19], np.int32)
+    for ids, new_plans in ((first, 1), (first, 0), (second, 1)):
+        before = seqattn._core._ffi_plan_cache_stats()[0]
+        out = jax.block_until_ready(fn(q, k, v, ids))
+        assert seqattn._core._ffi_plan_cache_stats()[0] - before == new_plans
+        want = seqattn.attention(*(np.asarray(x) for x in (q, k, v)), mask, segment_ids=ids, threads=0)[0]
+        np.testing.assert_array_equal(np.asarray(out), want)
 
 
 def test_fully_masked_rows_are_zero(rng):

@@ -9,8 +9,8 @@
 // log-sum-exp of every (batch, head, query) row, for BSHD or packed THD
 // inputs (AttentionInputs), any MaskDescription, GQA/MQA, fp32 or bf16
 // storage (fp32 accumulation). See attention/inputs.hpp for the shapes,
-// attention/plan.hpp for plans and the backend seam, attention/paged.hpp for
-// paged K/V caches (PagedAttentionInputs), attention/variants.hpp
+// attention/plan.hpp for plans and the backend seam, attention/run.hpp for
+// running them on contiguous or paged K/V (PagedAttentionInputs), attention/variants.hpp
 // for score variants (scale, softcap, sinks, ALiBi, bias, score_mod).
 //
 // Or in one call, planning each time:
@@ -40,7 +40,6 @@
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
-#include "seqattn/attention/paged.hpp"
 #include "seqattn/attention/plan.hpp"
 #include "seqattn/attention/run.hpp"
 #include "seqattn/attention/softmax_state.hpp"

@@ -29,28 +29,57 @@ inline constexpr bool kBackendStores = [] {
 }();
 }  // namespace detail
 
+// What attention_forward runs on: contiguous inputs (AttentionInputs) or
+// queries over a paged K/V cache (PagedAttentionInputs). A plan depends only
+// on the shape (shape_of gives it for both), so one plan serves a paged and
+// a contiguous call of the same lengths; the backend sees an AttentionProblem
+// whose K/V rows are, for a paged cache, looked up through the block table.
+namespace detail {
+template <class In>
+inline constexpr bool kForwardInputs = false;
+template <class T>
+inline constexpr bool kForwardInputs<AttentionInputs<T>> = true;
+template <class T>
+inline constexpr bool kForwardInputs<PagedAttentionInputs<T>> = true;
+
+template <class T>
+AttentionProblem<T> forward_problem(const AttentionInputs<T>& in, const AttentionShape& shape, TensorView<T> out,
+                                    TensorView<float> lse) {
+  return make_attention_problem(in, shape, out, lse);
+}
+template <class T>
+AttentionProblem<T> forward_problem(const PagedAttentionInputs<T>& in, const AttentionShape& shape, TensorView<T> out,
+                                    TensorView<float> lse) {
+  return make_paged_problem(in, shape, out, lse);
+}
+}  // namespace detail
+
 // Runs a plan on inputs of the shape it was made for.
-template <class Backend, class T, ScoreVariant V, ExecutionPolicy Exec>
-void attention_forward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
-                       std::type_identity_t<TensorView<T>> out, TensorView<float> lse, const V& variant, Exec&& exec) {
+template <class Backend, template <class> class In, class T, ScoreVariant V, ExecutionPolicy Exec>
+requires detail::kForwardInputs<In<T>>
+void attention_forward(const AttentionPlan<Backend>& plan, const In<T>& inputs, std::type_identity_t<TensorView<T>> out,
+                       TensorView<float> lse, const V& variant, Exec&& exec) {
   static_assert(detail::kBackendStores<Backend, T>,
                 "storage must be float or seqattn::bfloat16 (or a type the backend declares in kStores)");
+  constexpr bool kPaged = std::is_same_v<In<T>, PagedAttentionInputs<T>>;
   const AttentionShape shape = shape_of(inputs);
-  plan.require_shape(shape, "attention_forward");
+  plan.require_shape(shape, kPaged ? "attention_forward (paged K/V)" : "attention_forward");
   detail::check_variant(variant, shape);
-  const detail::AttentionProblem<T> problem = detail::make_attention_problem(inputs, shape, out, lse);
+  const detail::AttentionProblem<T> problem = detail::forward_problem(inputs, shape, out, lse);
   Backend::forward(plan, problem, variant, exec);
 }
 
-template <class Backend, class T, ExecutionPolicy Exec>
-void attention_forward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
-                       std::type_identity_t<TensorView<T>> out, TensorView<float> lse, Exec&& exec) {
+template <class Backend, template <class> class In, class T, ExecutionPolicy Exec>
+requires detail::kForwardInputs<In<T>>
+void attention_forward(const AttentionPlan<Backend>& plan, const In<T>& inputs, std::type_identity_t<TensorView<T>> out,
+                       TensorView<float> lse, Exec&& exec) {
   attention_forward(plan, inputs, out, lse, variants::Default{}, exec);
 }
 
-template <class Backend, class T, ScoreVariant V = variants::Default>
-void attention_forward(const AttentionPlan<Backend>& plan, const AttentionInputs<T>& inputs,
-                       std::type_identity_t<TensorView<T>> out, TensorView<float> lse, const V& variant = {}) {
+template <class Backend, template <class> class In, class T, ScoreVariant V = variants::Default>
+requires detail::kForwardInputs<In<T>>
+void attention_forward(const AttentionPlan<Backend>& plan, const In<T>& inputs, std::type_identity_t<TensorView<T>> out,
+                       TensorView<float> lse, const V& variant = {}) {
   attention_forward(plan, inputs, out, lse, variant, execution::Serial{});
 }
 

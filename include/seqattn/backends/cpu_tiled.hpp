@@ -12,8 +12,8 @@
 #include "seqattn/attention/detail/tiled_backward.hpp"
 #include "seqattn/attention/detail/tiled_forward.hpp"
 #include "seqattn/attention/detail/tiled_work.hpp"
-#include "seqattn/attention/paged.hpp"
 #include "seqattn/attention/plan.hpp"
+#include "seqattn/attention/run.hpp"
 #include "seqattn/backends/tile_kernel.hpp"
 
 namespace seqattn::backends {

@@ -50,7 +50,6 @@
 #include <vector>
 
 #include "seqattn/attention/detail/problem.hpp"
-#include "seqattn/attention/paged.hpp"
 #include "seqattn/attention/plan.hpp"
 #include "seqattn/attention/run.hpp"
 #include "seqattn/attention/variants.hpp"

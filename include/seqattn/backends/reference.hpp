@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "seqattn/attention/detail/problem.hpp"
-#include "seqattn/attention/paged.hpp"
 #include "seqattn/attention/plan.hpp"
+#include "seqattn/attention/run.hpp"
 #include "seqattn/attention/variants.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/masks/concept.hpp"

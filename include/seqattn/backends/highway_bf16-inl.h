@@ -541,28 +541,24 @@ struct Bf16DotKernel {
     }
   }
 
-  // ---- One task of the engine (attention/detail/tiled_forward.hpp, run_task) --
-  // The engine's one task loop (run_task_steps) with the bf16 pair-dot tile
-  // arithmetic; returns false (and does nothing) where the widening path must
-  // run the task.
+  // ---- Which arithmetic runs a task (asked by the engine's run_task) ----------
+  // Pairs (with the instruction, or its emulation where the target lacks it
+  // and the path is forced), or widen: tasks with few rows (decode), K rows
+  // not contiguous along the head dim, or stacked K/V groups that do not
+  // fill whole vectors stay on the widening path.
   template <class T, class Var>
-  static bool run_task(const detail::TiledCall<K, T, Var>& c, index_t task, detail::TileScratch<K>& sc) {
+  static detail::Bf16Tiles choose_tiles(const detail::TiledCall<K, T, Var>& c, index_t task) {
     if constexpr (!std::is_same_v<T, bfloat16>) {
-      return false;
+      return detail::Bf16Tiles::widen;
     } else {
-      const detail::AttentionProblem<T>& p = c.p;
       const detail::WorkUnit& u = c.w.unit_of(task);
       const auto N = static_cast<index_t>(hn::Lanes(D()));
-      if (p.k_strides.dim != 1 || u.rows() <= kBq / 4) return false;
-      if (u.kv_groups > 1 && u.group_rows() % N != 0) return false;
-      if (!use_native()) return false;
+      if (c.p.k_strides.dim != 1 || u.rows() <= kBq / 4) return detail::Bf16Tiles::widen;
+      if (u.kv_groups > 1 && u.group_rows() % N != 0) return detail::Bf16Tiles::widen;
+      if (!use_native()) return detail::Bf16Tiles::widen;
       detail::bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
-      if (kNative && instruction_available()) {
-        run_native<kNative>(c, task, sc);
-      } else {
-        run_native<false>(c, task, sc);  // the emulation (SEQATTN_BF16_DOT=1 or set_bf16_dot_path)
-      }
-      return true;
+      // The emulation runs where SEQATTN_BF16_DOT=1 or set_bf16_dot_path forces pairs without the instruction.
+      return kNative && instruction_available() ? detail::Bf16Tiles::pairs : detail::Bf16Tiles::emulated_pairs;
     }
   }
 
@@ -591,23 +587,23 @@ struct Bf16DotKernel {
       Bf16DotKernel::accumulate_pv<kHw>(tile.scores, tile.rows, (tile.cols + 1) / 2, sc.vbuf.get(), dvp, alpha, o);
     }
   };
-
-  template <bool kHw, class Var>
-  static void run_native(const detail::TiledCall<K, bfloat16, Var>& c, index_t task, detail::TileScratch<K>& sc) {
-    detail::run_task_steps(c, task, sc, PairDotTiles<kHw>{});
-  }
 };
 
 }  // namespace SEQATTN_KERNEL_ISA
 }  // namespace seqattn::HWY_NAMESPACE
 
-// The engine's hook (attention/detail/bf16_dot.hpp) for this target's kernel.
+// What the engine asks this target's kernel (attention/detail/bf16_dot.hpp).
 namespace seqattn::detail {
 template <>
 struct Bf16DotTask<::seqattn::HWY_NAMESPACE::FlashKernel> {
-  template <class Call, class Scratch>
-  static bool run(const Call& c, index_t task, Scratch& sc) {
-    return ::seqattn::HWY_NAMESPACE::Bf16DotKernel::run_task(c, task, sc);
+  using Kernel = ::seqattn::HWY_NAMESPACE::Bf16DotKernel;
+  static constexpr bool kPairs = true;
+  static constexpr bool kHardwarePairs = Kernel::kNative;
+  template <bool kHw>
+  using PairTiles = Kernel::PairDotTiles<kHw>;
+  template <class Call>
+  static Bf16Tiles choose(const Call& c, index_t task) {
+    return Kernel::choose_tiles(c, task);
   }
 };
 }  // namespace seqattn::detail

@@ -19,9 +19,10 @@
 //      Bf16DotKernel::native_is_faster), else widen.
 // set_bf16_dot_path() changes it at run time (tests force both paths).
 //
-// Bf16DotTask<Kernel> is how run_task (tiled_forward.hpp) reaches a backend's
-// native path: the primary template declines every task; backends/
-// highway_bf16-inl.h specializes it for FlashKernel.
+// Bf16DotTask<Kernel> is what run_task (tiled_forward.hpp) asks a backend:
+// which arithmetic a bf16 task gets, and the pair arithmetic's type, which
+// the engine's one task loop then runs. The primary template widens every
+// task; backends/highway_bf16-inl.h specializes it for FlashKernel.
 #pragma once
 
 #include <atomic>
@@ -75,13 +76,20 @@ inline bool cpu_has_avx512_bf16() {
 #endif
 }
 
+// The tile arithmetic of one bf16 task: widened to fp32, or bf16 pairs with
+// the instruction or with its emulation.
+enum class Bf16Tiles { widen, pairs, emulated_pairs };
+
 template <class Kernel>
 struct Bf16DotTask {
-  // Runs the task and returns true, or returns false and leaves it to the
-  // widening path. The primary template has no native path.
-  template <class Call, class Scratch>
-  static bool run(const Call&, index_t, Scratch&) {
-    return false;
+  // Whether the kernel has pair arithmetic (PairTiles<kHw>, with the
+  // instruction when kHardwarePairs), and which arithmetic a task gets. The
+  // primary template has none: every task widens.
+  static constexpr bool kPairs = false;
+  static constexpr bool kHardwarePairs = false;
+  template <class Call>
+  static Bf16Tiles choose(const Call&, index_t) {
+    return Bf16Tiles::widen;
   }
 };
 

@@ -423,12 +423,23 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
   }
 }
 
-// One task: the bf16 pair-dot path when the backend takes it (bf16_dot.hpp),
-// else the widening arithmetic, K and V in place where that pays.
+// One task: the bf16 pair arithmetic when the backend chooses it for this
+// task (bf16_dot.hpp), else the widening arithmetic, K and V in place where
+// that pays; either way the one loop, run_task_steps.
 template <class Kernel, class T, class V>
 void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel>& sc) {
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    if (Bf16DotTask<Kernel>::run(c, task, sc)) return;
+  if constexpr (std::is_same_v<T, bfloat16> && Bf16DotTask<Kernel>::kPairs) {
+    using Pairs = Bf16DotTask<Kernel>;
+    switch (Pairs::choose(c, task)) {
+      case Bf16Tiles::pairs:
+        if constexpr (Pairs::kHardwarePairs)
+          return run_task_steps(c, task, sc, typename Pairs::template PairTiles<true>{});
+        break;  // not chosen where the instruction is not compiled in
+      case Bf16Tiles::emulated_pairs:
+        return run_task_steps(c, task, sc, typename Pairs::template PairTiles<false>{});
+      case Bf16Tiles::widen:
+        break;
+    }
   }
   const AttentionProblem<T>& p = c.p;
   const bool many_rows = c.w.unit_of(task).rows() > Kernel::kBlockQ / 4;

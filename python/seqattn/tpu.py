@@ -1,0 +1,330 @@
+"""Device-side block metadata for TPU kernels: tile classes from traced segment ids.
+
+``block_classes`` computes, inside ``jax.jit`` and from traced ``segment_ids`` /
+``positions``, the class of every (q-block, kv-block) tile of a document mask
+(empty / partial / full, the values of ``seqattn.TileClass``) -- the classes
+``seqattn.DocumentMask(...).block_mask(block_size=...).classes()`` computes on
+the host in C++, on every input the C++ accepts. Pure ``jax.numpy``: it jits,
+vmaps and runs on any backend, so a training step can rebuild its block mask
+on the device each step without a host round trip.
+
+Importing this module imports JAX; ``import seqattn`` does not.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import _core
+
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
+# Intermediate local offsets are clamped to [-_BOUND, _BOUND]; exact as long as
+# every sequence is shorter than _BOUND / 2 tokens (checked: _MAX_TOKENS).
+_BOUND = 2**30
+_MAX_TOKENS = 2**29
+
+# The inner masks this builder supports, parsed from the mask's repr (the Python
+# mask objects expose their kind but not their parameters).
+_ALIGN = r"(?:, (alignment='bottom_right'))?"
+_PATTERNS = {
+    "full": re.compile(r"FullMask\(\)"),
+    "causal": re.compile(r"CausalMask\((alignment='bottom_right')?\)"),
+    "sliding_window": re.compile(r"SlidingWindowMask\((-?\d+), (-?\d+)" + _ALIGN + r"\)"),
+    "chunked_causal": re.compile(r"ChunkedCausalMask\((\d+)" + _ALIGN + r"\)"),
+    "prefix_lm": re.compile(r"PrefixLMMask\((\d+)" + _ALIGN + r"\)"),
+}
+
+SUPPORTED_INNER = (
+    "FullMask, CausalMask, SlidingWindowMask, ChunkedCausalMask and PrefixLMMask with one int prefix, "
+    "each top-left or bottom-right aligned"
+)
+
+
+def _inner_spec(inner):
+    """(kind, params dict) of a supported inner mask; ValueError otherwise."""
+    if inner is None:
+        return "full", {}
+    if not isinstance(inner, _core.Mask):
+        raise ValueError(f"block_classes: inner must be a seqattn mask or None, got {type(inner).__name__}")
+    kind = inner.kind
+    pattern = _PATTERNS.get(kind)
+    m = pattern.fullmatch(repr(inner)) if pattern is not None else None
+    if m is None:
+        extra = ""
+        if kind == "prefix_lm":
+            extra = " (a prefix length per sequence is not supported yet)"
+        raise ValueError(
+            f"block_classes: inner={inner!r} (kind {kind!r}) is not supported{extra}; supported: {SUPPORTED_INNER}"
+        )
+    g = m.groups()
+    bottom_right = g[-1] is not None if g else False
+    if kind == "full":
+        return kind, {}
+    if kind == "causal":
+        return kind, {"bottom_right": bottom_right}
+    if kind == "sliding_window":
+        return kind, {"left": int(g[0]), "right": int(g[1]), "bottom_right": bottom_right}
+    if kind == "chunked_causal":
+        return kind, {"chunk": int(g[0]), "bottom_right": bottom_right}
+    return kind, {"prefix": int(g[0]), "bottom_right": bottom_right}
+
+
+def _shape(x):
+    return tuple(int(d) for d in np.shape(x))
+
+
+def _as_int32(x, name):
+    """x as an int32 array (traced or not); wider integers are range-checked where their values are known."""
+    if x is None:
+        return None
+    if not hasattr(x, "dtype"):
+        x = np.asarray(x)
+    dtype = np.dtype(x.dtype)
+    if dtype.kind not in "iub":
+        raise ValueError(f"block_classes: {name} must hold integers, got dtype {dtype} of shape {_shape(x)}")
+    if dtype == np.int32:
+        return jnp.asarray(x)
+    if np.can_cast(dtype, np.int32, casting="safe"):
+        return jnp.asarray(x).astype(jnp.int32)
+    if isinstance(x, jax.core.Tracer):
+        raise ValueError(
+            f"block_classes: {name} of shape {_shape(x)} must be int32 when traced, got {dtype} "
+            "(wider ids cannot be range-checked under jit)"
+        )
+    a = np.asarray(x)
+    if a.size and (a.min() < _INT32_MIN or a.max() > _INT32_MAX):
+        raise ValueError(f"block_classes: {name} of shape {a.shape} holds values outside int32")
+    return jnp.asarray(a.astype(np.int32))
+
+
+def _block_size(block_size):
+    if isinstance(block_size, (int, np.integer)):
+        block_size = (block_size, block_size)
+    try:
+        bq, bkv = (operator.index(b) for b in block_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"block_classes: block_size must be an int or a pair of ints, got {block_size!r}") from None
+    if bq <= 0 or bkv <= 0:
+        raise ValueError(f"block_classes: block_size must be positive, got ({bq}, {bkv})")
+    return int(bq), int(bkv)
+
+
+def _shift(x, c):
+    """clip(x + c, -_BOUND, _BOUND), exactly, for int32 x (any value) and a Python int c (any size)."""
+    lo = max(_INT32_MIN, -_BOUND - c)
+    hi = min(_INT32_MAX, _BOUND - c)
+    if lo > hi:  # |c| so large that every x lands beyond a bound
+        return jnp.full(x.shape, _BOUND if c > 0 else -_BOUND, jnp.int32)
+    wrapped = (c + 2**31) % 2**32 - 2**31  # x + c is in [-_BOUND, _BOUND]: the int32 sum wraps to it exactly
+    return jnp.clip(x, lo, hi) + jnp.int32(wrapped)
+
+
+def _runs(ids, pos):
+    """Per token of ids [N, S]: (nonzero, run begin, run end, position of the run's first token)."""
+    n, s = ids.shape
+    t = lax.broadcasted_iota(jnp.int32, (n, s), 1)
+    nz = ids != 0
+    zero = jnp.zeros((n, 1), ids.dtype)
+    prev = jnp.concatenate([zero, ids[:, :-1]], axis=1)
+    nxt = jnp.concatenate([ids[:, 1:], zero], axis=1)
+    starts = nz & (ids != prev)  # R3: only a change of id starts or ends a run
+    ends = nz & (ids != nxt)
+    begin = lax.cummax(jnp.where(starts, t, -1), axis=1)
+    end = lax.cummin(jnp.where(ends, t + 1, s), axis=1, reverse=True)
+    begin = jnp.maximum(begin, 0)  # padding before the first run: never read
+    if pos is None:
+        pos_begin = jnp.zeros((n, s), jnp.int32)  # local coordinate = offset in the run
+    else:
+        pos_begin = jnp.take_along_axis(pos, begin, axis=1)
+    return nz, starts, begin, end, pos_begin
+
+
+def _match_kv_runs(q_ids, kv_ids, kv_starts):
+    """For each q token, the first token of the kv run with its id (R4: at most one) and whether there is one.
+
+    Sorts the kv run starts by id and binary-searches each q id: O(S log S).
+    """
+    n, s_kv = kv_ids.shape
+    t = lax.broadcasted_iota(jnp.int32, (n, s_kv), 1)
+    not_start = jnp.where(kv_starts, 0, 1).astype(jnp.int32)
+    # Keys (id, not_start): a real run start sorts before every non-start token holding the same id.
+    # The first kv token holding a q token's id is then its run's start (R4: only that run holds the id).
+    keys, _, where = lax.sort((kv_ids, not_start, t), dimension=1, num_keys=2)
+    idx = jax.vmap(lambda k, v: jnp.searchsorted(k, v, side="left"))(keys, q_ids)
+    idx = jnp.minimum(idx, s_kv - 1).astype(jnp.int32)
+    found = jnp.take_along_axis(keys, idx, axis=1) == q_ids
+    first = jnp.take_along_axis(where, idx, axis=1)
+    return found, jnp.where(found, first, 0)
+
+
+def _local_interval(kind, p, rq, qlen, qpb, klen, kpb):
+    """Each q row's allowed keys as offsets [a, b) into its kv run (before clamping to [0, klen]).
+
+    rq: the row's offset in its q run; qlen / klen: run lengths; qpb / kpb: local coordinates of the runs'
+    first tokens. Only int32 arithmetic with magnitudes below 2^31 (see _shift).
+    """
+    zeros = jnp.zeros_like(rq)
+    # The diagonal as an offset into the kv run: key offset rq + D sits on the row's diagonal.
+    if kind != "full":
+        br = p["bottom_right"]
+        diag = (klen - qlen) if br else (qpb - kpb)
+    if kind == "full":
+        return zeros, klen, None
+    if kind == "causal":
+        return zeros, rq + _shift(diag, 1), None
+    if kind == "sliding_window":
+        left, right = p["left"], p["right"]
+        a = zeros if left < 0 else rq + _shift(diag, -left)
+        b = klen if right < 0 else rq + _shift(diag, right + 1)
+        return a, b, None
+    if kind == "prefix_lm":
+        return zeros, jnp.maximum(_shift(-kpb, p["prefix"]), rq + _shift(diag, 1)), None
+    # chunked_causal: the diagonal's local key coordinate, then its chunk's start.
+    chunk = p["chunk"]
+    if p["bottom_right"]:
+        pd = (kpb + (klen - 1)) - ((qlen - 1) - rq)  # the kv run's last position minus the rows to the q run's end
+    else:
+        pd = qpb + rq
+    nonneg = jnp.maximum(pd, 0)
+    chunk_start = nonneg - nonneg % chunk if chunk <= _INT32_MAX else jnp.zeros_like(nonneg)
+    a = chunk_start - kpb
+    b = _shift(nonneg - kpb, 1)
+    return a, b, pd >= 0
+
+
+def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positions=None, inner=None,
+                  block_size=(128, 128)):
+    """Tile classes of a document mask, from traced segment ids, in ``jax.numpy``.
+
+    Arguments (JAX or NumPy arrays, traced or not):
+      segment_ids     int [*E, S_q] (usually [B, S]): TransformerEngine segment ids, 0 = padding. A non-zero id
+                      forms one contiguous run per row; ids need not start at 1, be dense or be increasing.
+      positions       int, the shape of segment_ids or a trailing part of it (broadcast over the rest), or None:
+                      each token's local coordinate, counting up by one inside a run from a first value >= 0.
+                      Without positions a token's local coordinate is its offset in its run.
+      kv_segment_ids  int [*E, S_kv] (same leading dims), or None for self-attention (the keys are the queries);
+                      q and kv runs with the same id are paired (cross attention, KV caches).
+      kv_positions    as positions, for the keys; only with kv_segment_ids.
+      inner           the mask applied inside each document, in local coordinates (as ``DocumentMask``'s
+                      ``inner``): None (full), ``seqattn.FullMask()``, ``CausalMask(alignment)``,
+                      ``SlidingWindowMask(left, right, alignment)``, ``ChunkedCausalMask(chunk, alignment)`` or
+                      ``PrefixLMMask(prefix, alignment)`` with one int prefix. Static.
+      block_size      (block_q, block_kv) or one int for both. Static. The last block of a side may be short.
+
+    Returns int8 [*E, 1, ceil(S_q / block_q), ceil(S_kv / block_kv)]: per (row, head group, q-block, kv-block)
+    the ``seqattn.TileClass`` value, 0 empty, 1 partial (some but not all pairs allowed), 2 full -- exactly
+    ``seqattn.DocumentMask(segment_ids, positions, inner, kv_segment_ids=..., kv_segment_pos=...)
+    .block_mask(block_size=block_size).classes()`` (whose head dim is 1 for these head-invariant masks) on
+    every input the C++ accepts. Query token i may see key j iff they carry the same non-zero id and the
+    inner mask allows them in local coordinates, the inner mask seeing a run as the first
+    (first position + length) coordinates of its document (so bottom-right alignment lines up the runs'
+    last tokens, as in TE).
+
+    Inputs the C++ rejects (an id in two runs, negative ids or positions, positions that do not count up by
+    one) cannot be detected under jit: their classes are unspecified. With positions only a run's first
+    position is read.
+
+    How: per token, its run (cumulative max / min of the run starts and ends) and, for each query row, the
+    one interval of keys it may see (every supported inner mask allows an interval per row); a tile is
+    non-empty iff some row's interval meets its columns (a +1/-1 scatter per row into its q-block's row of
+    kv-blocks, then a cumulative sum over kv-blocks) and full iff every row's interval covers them (the
+    largest start and smallest end per q-block). Cost O(S + #tiles) time and memory for self-attention;
+    with kv_segment_ids the pairing of q and kv runs by id adds a sort and a binary search per token
+    (O(S log S)). No [S, S] or [S, block] temporary. Sequences must be shorter than 2^29 tokens.
+    """
+    kind, params = _inner_spec(inner)
+    bq, bkv = _block_size(block_size)
+    q_ids = _as_int32(segment_ids, "segment_ids")
+    if q_ids.ndim < 1:
+        raise ValueError(f"block_classes: segment_ids must have shape (*E, S), got {_shape(q_ids)}")
+    if kv_positions is not None and kv_segment_ids is None:
+        raise ValueError("block_classes: kv_positions given without kv_segment_ids")
+    self_attention = kv_segment_ids is None
+    kv_ids = q_ids if self_attention else _as_int32(kv_segment_ids, "kv_segment_ids")
+    if kv_ids.ndim < 1 or kv_ids.shape[:-1] != q_ids.shape[:-1]:
+        raise ValueError(
+            f"block_classes: segment_ids {_shape(q_ids)} and kv_segment_ids {_shape(kv_ids)} must agree in every "
+            "dim but the last"
+        )
+
+    def positions_of(pos, ids, name, ids_name):
+        if pos is None:
+            return None
+        pos = _as_int32(pos, name)
+        if pos.ndim < 1 or pos.ndim > ids.ndim or ids.shape[ids.ndim - pos.ndim:] != pos.shape:
+            raise ValueError(
+                f"block_classes: {name} of shape {_shape(pos)} must match {ids_name} {_shape(ids)} or a trailing "
+                "part of it"
+            )
+        return jnp.broadcast_to(pos, ids.shape)
+
+    q_pos = positions_of(positions, q_ids, "positions", "segment_ids")
+    kv_pos = q_pos if self_attention else positions_of(kv_positions, kv_ids, "kv_positions", "kv_segment_ids")
+    s_q, s_kv = q_ids.shape[-1], kv_ids.shape[-1]
+    if max(s_q, s_kv) >= _MAX_TOKENS:
+        raise ValueError(f"block_classes: sequences of {s_q} (q) and {s_kv} (kv) tokens; at most {_MAX_TOKENS - 1}")
+    lead = q_ids.shape[:-1]
+    nq, nkv = -(-s_q // bq), -(-s_kv // bkv)
+    if s_q == 0 or s_kv == 0:
+        return jnp.zeros(lead + (1, nq, nkv), jnp.int8)
+
+    n = int(np.prod(lead, dtype=np.int64))
+    flat = lambda x: None if x is None else x.reshape(n, x.shape[-1])  # noqa: E731
+    q_ids, kv_ids, q_pos, kv_pos = flat(q_ids), flat(kv_ids), flat(q_pos), flat(kv_pos)
+
+    q_nz, _, qb, qe, qpb = _runs(q_ids, q_pos)
+    if self_attention:
+        found, kb, ke, kpb = q_nz, qb, qe, qpb
+    else:
+        _, kv_starts, kv_b, kv_e, kv_pb = _runs(kv_ids, kv_pos)
+        found, kb = _match_kv_runs(q_ids, kv_ids, kv_starts)
+        found = found & q_nz
+        ke = jnp.take_along_axis(kv_e, kb, axis=1)
+        kpb = jnp.take_along_axis(kv_pb, kb, axis=1)
+
+    t = lax.broadcasted_iota(jnp.int32, (n, s_q), 1)
+    rq, qlen, klen = t - qb, qe - qb, ke - kb
+    a, b, row_ok = _local_interval(kind, params, rq, qlen, qpb, klen, kpb)
+    a = jnp.clip(a, 0, klen)
+    b = jnp.clip(b, 0, klen)
+    sees = found & (a < b)
+    if row_ok is not None:
+        sees = sees & row_ok
+    lo, hi = kb + a, kb + b  # the row's keys [lo, hi), global kv indices
+
+    # Non-empty tiles: each seeing row adds +1 at its first kv-block and -1 past its last, in its q-block's row.
+    width = nkv + 1
+    row_base = (lax.broadcasted_iota(jnp.int32, (n, s_q), 0) * nq + t // bq) * width
+    first_block = jnp.where(sees, lo // bkv, 0)
+    past_block = jnp.where(sees, (hi - 1) // bkv + 1, 0)
+    weight = sees.astype(jnp.int32)
+    idx = jnp.concatenate([(row_base + first_block).ravel(), (row_base + past_block).ravel()])
+    upd = jnp.concatenate([weight.ravel(), -weight.ravel()])
+    counts = jnp.zeros(n * nq * width, jnp.int32).at[idx].add(upd, mode="promise_in_bounds")
+    nonempty = jnp.cumsum(counts.reshape(n, nq, width)[:, :, :nkv], axis=-1) > 0
+
+    # Full tiles: every row of the q-block sees all of the tile's columns. Rows past S_q are neutral.
+    big = jnp.int32(_INT32_MAX)
+    pad = nq * bq - s_q
+    lo_all = jnp.pad(jnp.where(sees, lo, big), ((0, 0), (0, pad)), constant_values=-1)
+    hi_all = jnp.pad(jnp.where(sees, hi, -1), ((0, 0), (0, pad)), constant_values=_INT32_MAX)
+    max_lo = lo_all.reshape(n, nq, bq).max(axis=-1)
+    min_hi = hi_all.reshape(n, nq, bq).min(axis=-1)
+    j = jnp.arange(nkv, dtype=jnp.int32)
+    c0 = j * bkv
+    c1 = jnp.minimum(c0 + bkv, s_kv)
+    full = (max_lo[:, :, None] <= c0) & (min_hi[:, :, None] >= c1)
+
+    classes = jnp.where(nonempty, jnp.where(full, 2, 1), 0).astype(jnp.int8)
+    return classes.reshape(lead + (1, nq, nkv))
+
+
+__all__ = ["SUPPORTED_INNER", "block_classes"]

@@ -1,0 +1,317 @@
+"""seqattn.tpu.block_classes: tile classes from traced segment ids, against the C++ BlockMask classes."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import seqattn  # noqa: E402
+from seqattn import tpu  # noqa: E402
+
+INT32_MAX = 2**31 - 1
+
+
+def inners():
+    out = [None, seqattn.FullMask()]
+    for a in ("top_left", "bottom_right"):
+        out += [
+            seqattn.CausalMask(a),
+            seqattn.SlidingWindowMask(3, 0, a),
+            seqattn.SlidingWindowMask(2, 5, a),
+            seqattn.SlidingWindowMask(-1, 2, a),
+            seqattn.SlidingWindowMask(4, -1, a),
+            seqattn.SlidingWindowMask(0, 0, a),
+            seqattn.ChunkedCausalMask(4, a),
+            seqattn.ChunkedCausalMask(1, a),
+            seqattn.PrefixLMMask(5, a),
+            seqattn.PrefixLMMask(0, a),
+        ]
+    return out
+
+
+INNERS = inners()
+
+
+def lay_out(rng, s, ids, pos_start):
+    """A row of s tokens holding runs of `ids` in order (as many as fit), padding anywhere.
+
+    Run lengths favour 1 and 2 tokens; a run's positions count up from pos_start(). Padding
+    positions are garbage (never read)."""
+    row = np.zeros(s, np.int32)
+    pos = rng.integers(-7, 1000, s).astype(np.int32)
+    t = 0
+    for v in ids:
+        if t < s and rng.random() < 0.3:
+            t += int(rng.integers(1, 4))  # padding before / between runs
+        if t >= s:
+            break
+        n = min(s - t, int(rng.choice([1, 1, 2, 2, 3, 4, 6, 9, 17, 40])))
+        first = pos_start(n)
+        row[t:t + n] = v
+        pos[t:t + n] = first + np.arange(n)
+        t += n
+    return row, pos
+
+
+def segment_ids(rng, s):
+    """The ids of a row: increasing with gaps from a start >= 1 (what TE accepts), sometimes near INT32_MAX,
+    sometimes in any order (what DocumentLayout accepts)."""
+    start = int(rng.choice([1, 1, 2, 5, INT32_MAX - 4 * s - 10]))
+    ids = start + np.cumsum(rng.integers(1, 3, s + 1)) - 1
+    if rng.random() < 0.3:
+        ids = rng.permutation(ids)
+    return [int(v) for v in ids]
+
+
+def pos_start_fn(rng):
+    def start(n):
+        r = rng.random()
+        if r < 0.5:
+            return 0
+        if r < 0.9:
+            return int(rng.integers(1, 12))
+        return INT32_MAX - n + 1 - int(rng.integers(0, 3))  # the last position at (or near) INT32_MAX
+    return start
+
+
+def random_batch(rng, rows, s):
+    ids = np.zeros((rows, s), np.int32)
+    pos = np.zeros((rows, s), np.int32)
+    for r in range(rows):
+        style = rng.integers(0, 10)
+        if style == 0:  # all padding
+            continue
+        if style == 1:  # one segment over the whole row
+            v = int(rng.integers(1, 9))
+            ids[r], pos[r] = v, int(rng.integers(0, 4)) + np.arange(s)
+            continue
+        if style == 2:  # 1-token segments, some separated by padding
+            row_ids = segment_ids(rng, s)
+            for t in range(s):
+                if rng.random() < 0.7:
+                    ids[r, t], pos[r, t] = row_ids[t], int(rng.integers(0, 5))
+            continue
+        ids[r], pos[r] = lay_out(rng, s, segment_ids(rng, s), pos_start_fn(rng))
+    return ids, pos
+
+
+def kv_batch(rng, q_ids, s_kv):
+    """Key rows whose ids pair with some of the query row's ids (in any order), plus ids of their own."""
+    rows = q_ids.shape[0]
+    ids = np.zeros((rows, s_kv), np.int32)
+    pos = np.zeros((rows, s_kv), np.int32)
+    for r in range(rows):
+        own = [int(v) for v in np.unique(q_ids[r][q_ids[r] > 0])]
+        pick = [v for v in own if rng.random() < 0.8]
+        extra = [int(v) for v in rng.integers(1, INT32_MAX, 3) if int(v) not in own]
+        pool = pick + extra
+        if rng.random() < 0.5:
+            pool = [int(v) for v in rng.permutation(pool)]
+        elif rng.random() < 0.5:
+            pool = sorted(pool)
+        ids[r], pos[r] = lay_out(rng, s_kv, pool, pos_start_fn(rng))
+    return ids, pos
+
+
+def tile_classes_from_dense(dense, bq, bkv):
+    """int8 [B, 1, nq, nkv] classes from a bool [B, 1, Q, KV] mask: the definition."""
+    b, _, q, kv = dense.shape
+    nq, nkv = -(-q // bq), -(-kv // bkv)
+    out = np.zeros((b, 1, nq, nkv), np.int8)
+    for i in range(nq):
+        for j in range(nkv):
+            tile = dense[:, 0, i * bq:(i + 1) * bq, j * bkv:(j + 1) * bkv].reshape(b, -1)
+            out[:, 0, i, j] = np.where(tile.all(axis=1), 2, np.where(tile.any(axis=1), 1, 0))
+    return out
+
+
+# (S_q, S_kv, block size): short last blocks, 1x1 tiles, blocks larger than the sequence.
+SELF_SHAPES = [(1, 1, (1, 1)), (70, 70, (8, 16)), (70, 70, (16, 8)), (37, 37, (1, 1)), (45, 45, (7, 5)),
+               (64, 64, (16, 16)), (5, 5, (8, 8))]
+CROSS_SHAPES = [(70, 70, (8, 16)), (23, 41, (8, 16)), (50, 13, (3, 4)), (1, 9, (2, 2)), (33, 1, (1, 1))]
+ROWS = 24
+
+
+def check(ids, pos, inner, block, kv_ids=None, kv_pos=None, dense_check=True):
+    kw = {} if kv_ids is None else {"kv_segment_ids": kv_ids, "kv_segment_pos": kv_pos}
+    doc = seqattn.DocumentMask(ids, pos, inner, **kw)
+    want = doc.block_mask(block_size=block).classes()
+    got = tpu.block_classes(ids, pos, kv_segment_ids=kv_ids, kv_positions=kv_pos, inner=inner, block_size=block)
+    assert got.dtype == jnp.int8
+    got = np.asarray(got)
+    assert got.shape == want.shape
+    if not np.array_equal(got, want):
+        r = int(np.argwhere((got != want).any(axis=(1, 2, 3)))[0, 0])
+        pytest.fail(
+            f"{inner!r} block {block}, row {r}:\nids {ids[r].tolist()}\npos {None if pos is None else pos[r].tolist()}\n"
+            f"kv_ids {None if kv_ids is None else kv_ids[r].tolist()}\n"
+            f"kv_pos {None if kv_pos is None else kv_pos[r].tolist()}\nwant\n{want[r, 0]}\ngot\n{got[r, 0]}"
+        )
+    if dense_check:  # the C++ classes are exact: they agree with the dense mask
+        np.testing.assert_array_equal(want, tile_classes_from_dense(doc.to_dense(), *block))
+    return got
+
+
+@pytest.mark.parametrize("shape", SELF_SHAPES, ids=[f"{s[0]}-b{s[2][0]}x{s[2][1]}" for s in SELF_SHAPES])
+def test_self_attention_matches_cpp(rng, shape):
+    s, _, block = shape
+    seen = np.zeros(3, np.int64)
+    for k, inner in enumerate(INNERS):
+        ids, pos = random_batch(rng, ROWS, s)
+        for use_pos in (True, False):
+            got = check(ids, pos if use_pos else None, inner, block, dense_check=k % 4 == 0)
+            seen += np.bincount(got.ravel(), minlength=3)
+    if s > 1:  # the random rows reach every class (1 x 1 tiles are never partial)
+        assert seen[0] > 0 and seen[2] > 0 and (seen[1] > 0) == (block != (1, 1)), seen
+
+
+@pytest.mark.parametrize("shape", CROSS_SHAPES, ids=[f"{s[0]}x{s[1]}-b{s[2][0]}x{s[2][1]}" for s in CROSS_SHAPES])
+def test_cross_attention_matches_cpp(rng, shape):
+    s_q, s_kv, block = shape
+    for k, inner in enumerate(INNERS):
+        ids, pos = random_batch(rng, ROWS, s_q)
+        kv_ids, kv_pos = kv_batch(rng, ids, s_kv)
+        for q_pos, k_pos in ((pos, kv_pos), (None, None), (pos, None), (None, kv_pos)):
+            check(ids, q_pos, inner, block, kv_ids, k_pos, dense_check=k % 4 == 0)
+
+
+def test_hand_written_rows():
+    ids = np.array([
+        [0, 0, 3, 3, 3, 0, 7, 9, 9, 9, 9, 9, 0, 4, 4, 4],   # ids not starting at 1, padding anywhere
+        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],   # one document
+        [0] * 16,                                            # padding only
+        [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],  # 1-token documents
+    ], np.int32)
+    pos = np.array([
+        [9, 9, 4, 5, 6, -1, 0, 2, 3, 4, 5, 6, 9, 0, 1, 2],
+        list(range(100, 116)),
+        list(range(16)),
+        [0] * 16,
+    ], np.int32)
+    for inner in INNERS:
+        for block in ((4, 4), (3, 5)):
+            check(ids, pos, inner, block)
+            check(ids, None, inner, block)
+
+
+def test_extreme_parameters_and_positions(rng):
+    """Window sides, chunks and prefixes past int32, positions up to INT32_MAX: no overflow."""
+    s = 40
+    big = [
+        seqattn.SlidingWindowMask(2**62, 2**63 - 1),
+        seqattn.SlidingWindowMask(2**31, 3, "bottom_right"),
+        seqattn.SlidingWindowMask(3, 2**31 + 5),
+        seqattn.SlidingWindowMask(2**31 - 1, 2**31 - 1, "bottom_right"),
+        seqattn.ChunkedCausalMask(2**40),
+        seqattn.ChunkedCausalMask(2**31 - 1, "bottom_right"),
+        seqattn.ChunkedCausalMask(2**31),
+        seqattn.PrefixLMMask(2**40),
+        seqattn.PrefixLMMask(2**31 - 1, "bottom_right"),
+        seqattn.PrefixLMMask(2**31 - 3),
+    ]
+    for inner in big:
+        ids, _ = random_batch(rng, ROWS, s)
+        pos = np.zeros_like(ids)
+        for r in range(ROWS):  # every run ends at INT32_MAX, or starts at 0 (half the rows)
+            for v in np.unique(ids[r][ids[r] > 0]):
+                where = np.flatnonzero(ids[r] == v)
+                first = INT32_MAX - len(where) + 1 if r % 2 else 0
+                pos[r, where] = first + np.arange(len(where))
+        kv_ids, _ = kv_batch(rng, ids, s)
+        kv_pos = np.zeros_like(kv_ids)
+        for r in range(ROWS):
+            for v in np.unique(kv_ids[r][kv_ids[r] > 0]):
+                where = np.flatnonzero(kv_ids[r] == v)
+                kv_pos[r, where] = (INT32_MAX - len(where) + 1 if r % 3 else 0) + np.arange(len(where))
+        check(ids, pos, inner, (4, 8))
+        check(ids, pos, inner, (4, 8), kv_ids, kv_pos)
+
+
+def test_jit_vmap_and_leading_dims(rng):
+    inner = seqattn.SlidingWindowMask(5, 0, "bottom_right")
+    ids, pos = random_batch(rng, 3 * 8, 50)
+    kv_ids, kv_pos = kv_batch(rng, ids, 50)
+    e_ids, e_pos = ids.reshape(3, 8, 50), pos.reshape(3, 8, 50)
+    want = seqattn.DocumentMask(e_ids, e_pos, inner).block_mask(block_size=(8, 16)).classes()
+    fn = jax.jit(lambda i, p: tpu.block_classes(i, p, inner=inner, block_size=(8, 16)))
+    assert fn(e_ids, e_pos).shape == (3, 8, 1, 7, 4)
+    np.testing.assert_array_equal(np.asarray(fn(e_ids, e_pos)).reshape(want.shape), want)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(fn)(e_ids, e_pos)).reshape(want.shape), want)
+    # Positions of shape [B, S] broadcast over the leading dim, as DocumentMask broadcasts them: the same
+    # runs in every leading row, some of them turned into padding.
+    b_ids = np.stack([ids[:8]] * 3)
+    for e in (1, 2):
+        for r in range(8):
+            for v in np.unique(b_ids[e, r][b_ids[e, r] > 0]):
+                if rng.random() < 0.4:
+                    b_ids[e, r][b_ids[e, r] == v] = 0
+    want_b = seqattn.DocumentMask(b_ids, pos[:8], inner).block_mask(block_size=(8, 16)).classes()
+    shared = np.broadcast_to(pos[:8], (3, 8, 50))
+    np.testing.assert_array_equal(np.asarray(fn(b_ids, pos[:8])).reshape(want_b.shape), want_b)
+    np.testing.assert_array_equal(np.asarray(fn(b_ids, shared)).reshape(want_b.shape), want_b)
+    # Cross attention under jit and vmap; one compiled function, new ids each call.
+    cross = jax.jit(jax.vmap(lambda i, p, ki, kp: tpu.block_classes(i, p, kv_segment_ids=ki, kv_positions=kp,
+                                                                    inner=inner, block_size=(8, 16))))
+    for _ in range(3):
+        ids, pos = random_batch(rng, 8, 50)
+        kv_ids, kv_pos = kv_batch(rng, ids, 50)
+        want = seqattn.DocumentMask(ids, pos, inner, kv_segment_ids=kv_ids, kv_segment_pos=kv_pos).block_mask(
+            block_size=(8, 16)).classes()
+        np.testing.assert_array_equal(np.asarray(cross(ids, pos, kv_ids, kv_pos)), want)
+
+
+def _avals(jaxpr):
+    """Every variable's abstract value in a jaxpr and its sub-jaxprs."""
+    for eqn in jaxpr.eqns:
+        for v in list(eqn.invars) + list(eqn.outvars):
+            if hasattr(v, "aval") and hasattr(v.aval, "shape"):
+                yield v.aval
+        for p in eqn.params.values():
+            for q in (p if isinstance(p, (tuple, list)) else (p,)):
+                inner = getattr(q, "jaxpr", q)
+                if hasattr(inner, "eqns"):
+                    yield from _avals(inner)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_no_quadratic_temporaries(cross):
+    s, b = 8192, (128, 128)
+    ids = jax.ShapeDtypeStruct((2, s), jnp.int32)
+    kw = {"kv_segment_ids": ids, "kv_positions": ids} if cross else {}
+    for inner in (seqattn.CausalMask(), seqattn.SlidingWindowMask(1024, 0, "bottom_right"), seqattn.ChunkedCausalMask(512)):
+        jaxpr = jax.make_jaxpr(lambda i, p, **k: tpu.block_classes(i, p, inner=inner, block_size=b, **k))(ids, ids, **kw)
+        sizes = [int(np.prod(a.shape)) for a in _avals(jaxpr.jaxpr)]
+        assert sizes, "no intermediates found"
+        tiles = 2 * (s // b[0]) * (s // b[1] + 1)
+        # Per-token arrays (a few per row, 2 x [2, S] for the scatter), per-tile arrays; nothing near [S, block].
+        assert max(sizes) <= max(2 * 2 * s, tiles), (inner, max(sizes))
+        assert max(sizes) < s * b[1] // 4
+
+
+def test_errors():
+    ids = np.ones((2, 8), np.int32)
+    with pytest.raises(ValueError, match=r"inner=\(CausalMask\(\) & SlidingWindowMask\(3, 0\)\).*not supported"):
+        tpu.block_classes(ids, inner=seqattn.CausalMask() & seqattn.SlidingWindowMask(3))
+    with pytest.raises(ValueError, match="prefix length per sequence is not supported"):
+        tpu.block_classes(ids, inner=seqattn.PrefixLMMask(np.array([1, 2])))
+    with pytest.raises(ValueError, match="inner must be a seqattn mask"):
+        tpu.block_classes(ids, inner="causal")
+    with pytest.raises(ValueError, match=r"block_size must be positive, got \(0, 8\)"):
+        tpu.block_classes(ids, block_size=(0, 8))
+    with pytest.raises(ValueError, match="block_size must be an int or a pair"):
+        tpu.block_classes(ids, block_size=(8, 8, 8))
+    with pytest.raises(ValueError, match=r"segment_ids \(2, 8\) and kv_segment_ids \(3, 8\) must agree"):
+        tpu.block_classes(ids, kv_segment_ids=np.ones((3, 8), np.int32))
+    with pytest.raises(ValueError, match="kv_positions given without kv_segment_ids"):
+        tpu.block_classes(ids, kv_positions=ids)
+    with pytest.raises(ValueError, match=r"positions of shape \(2, 7\) must match segment_ids \(2, 8\)"):
+        tpu.block_classes(ids, np.zeros((2, 7), np.int32))
+    with pytest.raises(ValueError, match=r"segment_ids must hold integers, got dtype float32 of shape \(2, 8\)"):
+        tpu.block_classes(ids.astype(np.float32))
+    with pytest.raises(ValueError, match=r"segment_ids of shape \(2, 8\) holds values outside int32"):
+        tpu.block_classes(ids.astype(np.int64) << 40)
+    # In range: wider and narrower integer types are accepted.
+    np.testing.assert_array_equal(tpu.block_classes(ids.astype(np.int64), block_size=4),
+                                  tpu.block_classes(ids.astype(np.uint8), block_size=4))
+    assert tpu.block_classes(np.zeros((2, 0), np.int32), block_size=4).shape == (2, 1, 0, 0)

@@ -8,6 +8,9 @@ the host in C++, on every input the C++ accepts. Pure ``jax.numpy``: it jits,
 vmaps and runs on any backend, so a training step can rebuild its block mask
 on the device each step without a host round trip.
 
+``multi_item_classes`` does the same for multi-item scoring masks (sglang-jax) from traced tokens, as
+``seqattn.MultiItemMask(...).block_mask(...).classes()`` computes them.
+
 Importing this module imports JAX; ``import seqattn`` does not.
 """
 
@@ -200,6 +203,25 @@ def _local_interval(kind, p, rq, qlen, qpb, klen, kpb):
     return a, b, pd >= 0
 
 
+def _rows_per_tile(n, nq, nkv, q_block, ranges):
+    """int32 [n, nq, nkv]: per tile, how many (row, range) pairs of its q-block cover its kv-block.
+
+    q_block [n, S]: each row's q-block; ranges: (first, past, ok) per row, kv-block ranges [first, past) with
+    0 <= first and past <= nkv where ok. One scatter of +1 at `first` and -1 at `past` into each q-block's row
+    of kv-blocks, then a cumulative sum over kv-blocks: O(S + #tiles), never [S, blocks].
+    """
+    width = nkv + 1
+    row_base = (lax.broadcasted_iota(jnp.int32, q_block.shape, 0) * nq + q_block) * width
+    idx, upd = [], []
+    for first, past, ok in ranges:
+        weight = ok.astype(jnp.int32)
+        idx += [(row_base + jnp.where(ok, first, 0)).ravel(), (row_base + jnp.where(ok, past, 0)).ravel()]
+        upd += [weight.ravel(), -weight.ravel()]
+    counts = jnp.zeros(n * nq * width, jnp.int32).at[jnp.concatenate(idx)].add(
+        jnp.concatenate(upd), mode="promise_in_bounds")
+    return jnp.cumsum(counts.reshape(n, nq, width)[:, :, :nkv], axis=-1)
+
+
 def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positions=None, inner=None,
                   block_size=(128, 128)):
     """Tile classes of a document mask, from traced segment ids, in ``jax.numpy``.
@@ -300,16 +322,8 @@ def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positi
         sees = sees & row_ok
     lo, hi = kb + a, kb + b  # the row's keys [lo, hi), global kv indices
 
-    # Non-empty tiles: each seeing row adds +1 at its first kv-block and -1 past its last, in its q-block's row.
-    width = nkv + 1
-    row_base = (lax.broadcasted_iota(jnp.int32, (n, s_q), 0) * nq + t // bq) * width
-    first_block = jnp.where(sees, lo // bkv, 0)
-    past_block = jnp.where(sees, (hi - 1) // bkv + 1, 0)
-    weight = sees.astype(jnp.int32)
-    idx = jnp.concatenate([(row_base + first_block).ravel(), (row_base + past_block).ravel()])
-    upd = jnp.concatenate([weight.ravel(), -weight.ravel()])
-    counts = jnp.zeros(n * nq * width, jnp.int32).at[idx].add(upd, mode="promise_in_bounds")
-    nonempty = jnp.cumsum(counts.reshape(n, nq, width)[:, :, :nkv], axis=-1) > 0
+    # Non-empty tiles: the rows reaching each tile, counted from each seeing row's range of kv-blocks.
+    nonempty = _rows_per_tile(n, nq, nkv, t // bq, [(lo // bkv, (hi - 1) // bkv + 1, sees)]) > 0
 
     # Full tiles: every row of the q-block sees all of the tile's columns. Rows past S_q are neutral.
     big = jnp.int32(_INT32_MAX)
@@ -327,4 +341,96 @@ def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positi
     return classes.reshape(lead + (1, nq, nkv))
 
 
-__all__ = ["SUPPORTED_INNER", "block_classes"]
+def multi_item_classes(tokens, delimiter, *, lengths=None, block_size=(128, 128)):
+    """Tile classes of a multi-item scoring mask (sglang-jax), from traced tokens, in ``jax.numpy``.
+
+    Arguments (JAX or NumPy arrays, traced or not):
+      tokens      int [*E, S]: each row one packed request ``query ‖ d ‖ item_1 ‖ d ‖ … ‖ item_n ‖ d``.
+      delimiter   the delimiter token d (an int, or a traced int scalar).
+      lengths     int [*E] or None: the request's length in each row (tokens past it are not read; rows and
+                  keys past it allow nothing); None: S. Traced.
+      block_size  (block_q, block_kv) or one int for both. Static. Keys and queries share S.
+
+    Returns int8 [*E, 1, ceil(S / block_q), ceil(S / block_kv)], TileClass values (0 empty, 1 partial,
+    2 full) -- exactly ``seqattn.MultiItemMask([row[:length] for each row], d).block_mask(block_size=...)
+    .classes()`` (padded with 0 to S's blocks) for rows the C++ accepts: at least two delimiters, the first
+    after a non-empty query and the last at the request's end. With prefix_end = (first delimiter) + 1 and
+    seg_start(q) = 1 + (the last delimiter before q), query q sees key k iff k <= q and (q < prefix_end or
+    k < prefix_end or k >= seg_start(q)) (docs/semantics/multi-item-topk-kascade.md §A.3, TV-A2 included).
+    A row that is not such a request is plain causal over its length (§A.3: not multi-item), where the C++
+    raises.
+
+    How: per row the keys form at most two intervals, [0, prefix_end) and [seg_start(q), q] (one when they
+    touch); a tile is non-empty iff an interval meets it and full iff every row of its q-block has an
+    interval covering it, each counted by one scatter per interval end and a cumulative sum over kv-blocks.
+    O(S + #tiles) time and memory.
+    """
+    bq, bkv = _block_size(block_size)
+    tok = _as_int32(tokens, "tokens")
+    if tok.ndim < 1:
+        raise ValueError(f"multi_item_classes: tokens must have shape (*E, S), got {_shape(tok)}")
+    lead, s = tok.shape[:-1], tok.shape[-1]
+    if s >= _MAX_TOKENS:
+        raise ValueError(f"multi_item_classes: sequences of {s} tokens; at most {_MAX_TOKENS - 1}")
+    if isinstance(delimiter, (int, np.integer)):
+        if not _INT32_MIN <= int(delimiter) <= _INT32_MAX:
+            raise ValueError(f"multi_item_classes: delimiter {int(delimiter)} is outside int32")
+        delim = jnp.int32(int(delimiter))
+    else:
+        delim = _as_int32(delimiter, "delimiter")
+        if delim.shape != ():
+            raise ValueError(f"multi_item_classes: delimiter must be a scalar, got shape {_shape(delim)}")
+    if lengths is None:
+        length = jnp.full(lead, s, jnp.int32)
+    else:
+        length = _as_int32(lengths, "lengths")
+        if length.shape != lead:
+            raise ValueError(
+                f"multi_item_classes: lengths of shape {_shape(length)} must have tokens' leading shape {lead} "
+                f"(tokens {_shape(tok)})"
+            )
+        length = jnp.clip(length, 0, s)
+    nq, nkv = -(-s // bq), -(-s // bkv)
+    if s == 0:
+        return jnp.zeros(lead + (1, nq, nkv), jnp.int8)
+
+    n = int(np.prod(lead, dtype=np.int64))
+    tok, length = tok.reshape(n, s), length.reshape(n, 1)
+    t = lax.broadcasted_iota(jnp.int32, (n, s), 1)
+    valid = t < length
+    is_delim = (tok == delim) & valid
+    first_delim = jnp.min(jnp.where(is_delim, t, s), axis=1, keepdims=True)
+    last_delim = jnp.max(jnp.where(is_delim, t, -1), axis=1, keepdims=True)
+    count = jnp.sum(is_delim, axis=1, keepdims=True)
+    multi = (count >= 2) & (first_delim > 0) & (last_delim == length - 1)
+    prefix_end = jnp.where(multi, first_delim + 1, 0)
+    # seg_start(q) = 1 + the last delimiter strictly before q (0 before the first one: then q < prefix_end).
+    before = jnp.concatenate([jnp.full((n, 1), -1, jnp.int32), jnp.where(is_delim, t, -1)[:, :-1]], axis=1)
+    seg_start = jnp.where(multi, lax.cummax(before, axis=1) + 1, 0)
+    in_prefix = t < prefix_end
+    split = ~in_prefix & (seg_start > prefix_end)  # [0, prefix_end) and [seg_start, q] with a gap between
+    end1 = jnp.where(split, prefix_end, t + 1)  # interval 1: [0, end1)
+    lo2, hi2 = seg_start, t + 1  # interval 2 (split rows only)
+
+    last_block_end = (length - 1) // bkv + 1  # kv-blocks of the request: [0, last_block_end)
+
+    def covered(lo, hi):  # kv-blocks whose keys (up to the request's end) lie inside [lo, hi)
+        first = (lo + bkv - 1) // bkv
+        past = jnp.where(hi >= length, last_block_end, hi // bkv)
+        return first, past
+
+    q_block = t // bq
+    reach = _rows_per_tile(n, nq, nkv, q_block, [
+        (jnp.zeros_like(t), (end1 - 1) // bkv + 1, valid),
+        (lo2 // bkv, (hi2 - 1) // bkv + 1, valid & split),
+    ])
+    f1, p1 = covered(jnp.zeros_like(t), end1)
+    f2, p2 = covered(lo2, hi2)
+    cover = _rows_per_tile(n, nq, nkv, q_block, [(f1, p1, valid & (f1 < p1)), (f2, p2, valid & split & (f2 < p2))])
+    rows = jnp.clip(length - jnp.arange(nq, dtype=jnp.int32) * bq, 0, bq)  # [n, nq]: the q-block's rows
+    full = (cover == rows[:, :, None]) & (rows[:, :, None] > 0)
+    classes = jnp.where(reach > 0, jnp.where(full, 2, 1), 0).astype(jnp.int8)
+    return classes.reshape(lead + (1, nq, nkv))
+
+
+__all__ = ["SUPPORTED_INNER", "block_classes", "multi_item_classes"]

@@ -114,16 +114,22 @@ def kv_batch(rng, q_ids, s_kv):
     return ids, pos
 
 
-def tile_classes_from_dense(dense, bq, bkv):
-    """int8 [B, 1, nq, nkv] classes from a bool [B, 1, Q, KV] mask: the definition."""
+def tile_classes_from_dense(dense, bq, bkv, lengths=None):
+    """int8 [B, 1, nq, nkv] classes from a bool [B, 1, Q, KV] mask: the definition. Row b's tiles end at
+    lengths[b] (default: Q and KV), tiles past it are 0."""
     b, _, q, kv = dense.shape
     nq, nkv = -(-q // bq), -(-kv // bkv)
-    out = np.zeros((b, 1, nq, nkv), np.int8)
-    for i in range(nq):
-        for j in range(nkv):
-            tile = dense[:, 0, i * bq:(i + 1) * bq, j * bkv:(j + 1) * bkv].reshape(b, -1)
-            out[:, 0, i, j] = np.where(tile.all(axis=1), 2, np.where(tile.any(axis=1), 1, 0))
-    return out
+    lq = np.full(b, q) if lengths is None else np.asarray(lengths)
+    lkv = np.full(b, kv) if lengths is None else np.asarray(lengths)
+    inside = (np.arange(nq * bq)[None, :, None] < lq[:, None, None]) & (
+        np.arange(nkv * bkv)[None, None, :] < lkv[:, None, None])
+    d = np.zeros((b, nq * bq, nkv * bkv), bool)
+    d[:, :q, :kv] = dense[:, 0]
+    d &= inside
+    blocks = lambda x: x.reshape(b, nq, bq, nkv, bkv).transpose(0, 1, 3, 2, 4).reshape(b, nq, nkv, -1)  # noqa: E731
+    any_ = blocks(d).any(-1)
+    all_ = blocks(d | ~inside).all(-1) & blocks(inside).any(-1)
+    return np.where(all_, 2, np.where(any_, 1, 0)).astype(np.int8)[:, None]
 
 
 # (S_q, S_kv, block size): short last blocks, 1x1 tiles, blocks larger than the sequence.
@@ -315,3 +321,105 @@ def test_errors():
     np.testing.assert_array_equal(tpu.block_classes(ids.astype(np.int64), block_size=4),
                                   tpu.block_classes(ids.astype(np.uint8), block_size=4))
     assert tpu.block_classes(np.zeros((2, 0), np.int32), block_size=4).shape == (2, 1, 0, 0)
+
+
+def multi_item_request(rng, delimiter):
+    """Tokens of one request: query ‖ d ‖ item_1 ‖ d ‖ … ‖ d, empty items included."""
+    def words(k):
+        w = rng.integers(0, 50, k).astype(np.int32)
+        return np.where(w == delimiter, delimiter + 1, w)
+    parts = [words(int(rng.integers(1, 9))), [delimiter]]
+    for _ in range(int(rng.integers(1, 7))):
+        parts += [words(int(rng.choice([0, 0, 1, 2, 3, 5, 8, 13]))), [delimiter]]
+    return np.concatenate(parts).astype(np.int32)
+
+
+def multi_item_batch(rng, rows, s, delimiter):
+    """[rows, s] tokens and lengths: requests padded with tokens that include the delimiter (never read)."""
+    reqs = []
+    while len(reqs) < rows:
+        r = multi_item_request(rng, delimiter)
+        if len(r) <= s:
+            reqs.append(r)
+    tokens = rng.integers(0, 50, (rows, s)).astype(np.int32)
+    tokens[rng.random((rows, s)) < 0.2] = delimiter
+    for i, r in enumerate(reqs):
+        tokens[i, :len(r)] = r
+    return tokens, np.array([len(r) for r in reqs], np.int32), reqs
+
+
+def padded_classes(want, nq, nkv):
+    out = np.zeros(want.shape[:2] + (nq, nkv), np.int8)
+    out[:, :, :want.shape[2], :want.shape[3]] = want
+    return out
+
+
+@pytest.mark.parametrize("block", [(8, 16), (16, 8), (1, 1), (3, 5), (64, 64)])
+def test_multi_item_matches_cpp(rng, block):
+    s = 70
+    fn = jax.jit(lambda t, n, d: tpu.multi_item_classes(t, d, lengths=n, block_size=block))
+    nq, nkv = -(-s // block[0]), -(-s // block[1])
+    seen = np.zeros(3, np.int64)
+    for delimiter in (99, 0, 7):
+        tokens, lengths, reqs = multi_item_batch(rng, ROWS, s, delimiter)
+        mask = seqattn.MultiItemMask(reqs, delimiter)
+        want = padded_classes(mask.block_mask(block_size=block).classes(), nq, nkv)
+        # Past a shorter request's blocks the C++ pads with 0 too: check against the dense definition.
+        np.testing.assert_array_equal(
+            want, padded_classes(tile_classes_from_dense(mask.to_dense(), *block, lengths), nq, nkv))
+        got = np.asarray(fn(tokens, lengths, jnp.int32(delimiter)))
+        np.testing.assert_array_equal(got, want, err_msg=f"delimiter {delimiter}, block {block}")
+        seen += np.bincount(got.ravel(), minlength=3)
+    # TV-A2 (docs/semantics/multi-item-topk-kascade.md): rows that are exactly the request (lengths=None), a
+    # static delimiter.
+    r = np.array([10, 99, 21, 99, 99, 31, 32, 99], np.int32)
+    np.testing.assert_array_equal(np.asarray(tpu.multi_item_classes(r[None], 99, block_size=block)),
+                                  seqattn.MultiItemMask([r], 99).block_mask(block_size=block).classes())
+    if max(block) <= 16:  # the random requests reach every class (1 x 1 tiles are never partial)
+        assert seen[0] > 0 and seen[2] > 0 and (seen[1] > 0) == (block != (1, 1)), seen
+
+
+def test_multi_item_rows_that_are_not_requests_are_causal(rng):
+    d = 99
+    rows = [
+        np.array([1, 2, 3, 4, 5, 6], np.int32),        # no delimiter
+        np.array([1, 2, 99, 4, 5, 6], np.int32),       # one delimiter
+        np.array([99, 2, 99, 4, 5, 99], np.int32),     # empty query
+        np.array([1, 99, 3, 99, 5, 6], np.int32),      # does not end with the delimiter
+    ]
+    tokens = np.stack(rows)
+    for block in ((2, 2), (4, 3), (1, 1)):
+        got = np.asarray(tpu.multi_item_classes(tokens, d, block_size=block))
+        want = seqattn.CausalMask().block_mask(6, batch=4, block_size=block).classes()
+        np.testing.assert_array_equal(got, want)
+        with pytest.raises(ValueError):  # the C++ rejects each of them
+            seqattn.MultiItemMask([rows[0]], d)
+    # Length 0: nothing.
+    assert not np.asarray(tpu.multi_item_classes(tokens, d, lengths=np.zeros(4, np.int32), block_size=2)).any()
+
+
+def test_multi_item_vmap_leading_dims_and_temporaries(rng):
+    tokens, lengths, reqs = multi_item_batch(rng, 12, 64, 99)
+    want = seqattn.MultiItemMask(reqs, 99).block_mask(block_size=(8, 8)).classes()
+    want = padded_classes(want, 8, 8).reshape(3, 4, 1, 8, 8)
+    fn = jax.jit(jax.vmap(lambda t, n: tpu.multi_item_classes(t, 99, lengths=n, block_size=(8, 8))))
+    np.testing.assert_array_equal(np.asarray(fn(tokens.reshape(3, 4, 64), lengths.reshape(3, 4))), want)
+    np.testing.assert_array_equal(
+        np.asarray(tpu.multi_item_classes(tokens.reshape(3, 4, 64), 99, lengths=lengths.reshape(3, 4),
+                                          block_size=(8, 8))), want)
+    s = 8192
+    jaxpr = jax.make_jaxpr(lambda t, n: tpu.multi_item_classes(t, 99, lengths=n, block_size=(128, 128)))(
+        jax.ShapeDtypeStruct((2, s), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32))
+    sizes = [int(np.prod(a.shape)) for a in _avals(jaxpr.jaxpr)]
+    assert max(sizes) <= 4 * 2 * s, max(sizes)  # four range ends per row for one scatter, per-tile arrays
+
+
+def test_multi_item_errors():
+    with pytest.raises(ValueError, match=r"lengths of shape \(3,\) must have tokens' leading shape \(2,\)"):
+        tpu.multi_item_classes(np.ones((2, 8), np.int32), 9, lengths=np.ones(3, np.int32))
+    with pytest.raises(ValueError, match="delimiter must be a scalar"):
+        tpu.multi_item_classes(np.ones((2, 8), np.int32), np.ones(2, np.int32))
+    with pytest.raises(ValueError, match="delimiter 4294967296 is outside int32"):
+        tpu.multi_item_classes(np.ones((2, 8), np.int32), 2**32)
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        tpu.multi_item_classes(np.ones((2, 8), np.int32), 9, block_size=(8, -1))

@@ -51,40 +51,58 @@ SUPPORTED_INNER = (
 )
 
 
-def _inner_spec(inner):
-    """(kind, params dict) of a supported inner mask; ValueError otherwise."""
-    if inner is None:
-        return "full", {}
-    if not isinstance(inner, _core.Mask):
-        raise ValueError(f"block_classes: inner must be a seqattn mask or None, got {type(inner).__name__}")
-    kind = inner.kind
+_NAMES = {"FullMask": "full", "CausalMask": "causal", "SlidingWindowMask": "sliding_window",
+          "ChunkedCausalMask": "chunked_causal", "PrefixLMMask": "prefix_lm"}
+_ITEM = re.compile(r"(?:" + "|".join(_NAMES) + r")\([^()]*\)")
+
+
+def _spec_of(kind, text, what):
+    """(kind, params) from the repr of one structural mask; ValueError naming `what` otherwise."""
     pattern = _PATTERNS.get(kind)
-    m = pattern.fullmatch(repr(inner)) if pattern is not None else None
+    m = pattern.fullmatch(text) if pattern is not None else None
     if m is None:
-        extra = ""
-        if kind == "prefix_lm":
-            extra = " (a prefix length per sequence is not supported yet)"
+        extra = " (a prefix length per sequence is not supported yet)" if kind == "prefix_lm" else ""
         raise ValueError(
-            f"block_classes: inner={inner!r} (kind {kind!r}) is not supported{extra}; supported: {SUPPORTED_INNER}"
+            f"block_classes: {what}={text} (kind {kind!r}) is not supported{extra}; supported: {SUPPORTED_INNER}, "
+            "or a PerHeadMask of them"
         )
     g = m.groups()
     bottom_right = g[-1] is not None if g else False
     if kind == "full":
-        return kind, {}
+        return kind, ()
     if kind == "causal":
-        return kind, {"bottom_right": bottom_right}
+        return kind, (("bottom_right", bottom_right),)
     if kind == "sliding_window":
-        return kind, {"left": int(g[0]), "right": int(g[1]), "bottom_right": bottom_right}
+        return kind, (("left", int(g[0])), ("right", int(g[1])), ("bottom_right", bottom_right))
     if kind == "chunked_causal":
-        return kind, {"chunk": int(g[0]), "bottom_right": bottom_right}
-    return kind, {"prefix": int(g[0]), "bottom_right": bottom_right}
+        return kind, (("chunk", int(g[0])), ("bottom_right", bottom_right))
+    return kind, (("prefix", int(g[0])), ("bottom_right", bottom_right))
+
+
+def _inner_specs(inner):
+    """One (kind, params) per head: a tuple of one spec for head-invariant masks, H for a PerHeadMask."""
+    if inner is None:
+        return (("full", ()),)
+    if not isinstance(inner, _core.Mask):
+        raise ValueError(f"block_classes: inner must be a seqattn mask or None, got {type(inner).__name__}")
+    text = repr(inner)
+    if inner.kind != "per_head":
+        return (_spec_of(inner.kind, text, "inner"),)
+    body = text[len("PerHeadMask(["):-len("])")] if text.startswith("PerHeadMask([") and text.endswith("])") else ""
+    items = _ITEM.findall(body)
+    if not items or ", ".join(items) != body:
+        raise ValueError(
+            f"block_classes: inner={text} is not supported: a PerHeadMask's masks must each be one of "
+            f"{SUPPORTED_INNER}"
+        )
+    return tuple(_spec_of(_NAMES[item[:item.index("(")]], item, f"inner's head {h}") for h, item in enumerate(items))
 
 
 def _shape(x):
     return tuple(int(d) for d in np.shape(x))
 
 
-def _as_int32(x, name):
+def _as_int32(x, name, who):
     """x as an int32 array (traced or not); wider integers are range-checked where their values are known."""
     if x is None:
         return None
@@ -92,31 +110,31 @@ def _as_int32(x, name):
         x = np.asarray(x)
     dtype = np.dtype(x.dtype)
     if dtype.kind not in "iub":
-        raise ValueError(f"block_classes: {name} must hold integers, got dtype {dtype} of shape {_shape(x)}")
+        raise ValueError(f"{who}: {name} must hold integers, got dtype {dtype} of shape {_shape(x)}")
     if dtype == np.int32:
         return jnp.asarray(x)
     if np.can_cast(dtype, np.int32, casting="safe"):
         return jnp.asarray(x).astype(jnp.int32)
     if isinstance(x, jax.core.Tracer):
         raise ValueError(
-            f"block_classes: {name} of shape {_shape(x)} must be int32 when traced, got {dtype} "
+            f"{who}: {name} of shape {_shape(x)} must be int32 when traced, got {dtype} "
             "(wider ids cannot be range-checked under jit)"
         )
     a = np.asarray(x)
     if a.size and (a.min() < _INT32_MIN or a.max() > _INT32_MAX):
-        raise ValueError(f"block_classes: {name} of shape {a.shape} holds values outside int32")
+        raise ValueError(f"{who}: {name} of shape {a.shape} holds values outside int32")
     return jnp.asarray(a.astype(np.int32))
 
 
-def _block_size(block_size):
+def _block_size(block_size, who):
     if isinstance(block_size, (int, np.integer)):
         block_size = (block_size, block_size)
     try:
         bq, bkv = (operator.index(b) for b in block_size)
     except (TypeError, ValueError):
-        raise ValueError(f"block_classes: block_size must be an int or a pair of ints, got {block_size!r}") from None
+        raise ValueError(f"{who}: block_size must be an int or a pair of ints, got {block_size!r}") from None
     if bq <= 0 or bkv <= 0:
-        raise ValueError(f"block_classes: block_size must be positive, got ({bq}, {bkv})")
+        raise ValueError(f"{who}: block_size must be positive, got ({bq}, {bkv})")
     return int(bq), int(bkv)
 
 
@@ -168,12 +186,13 @@ def _match_kv_runs(q_ids, kv_ids, kv_starts):
     return found, jnp.where(found, first, 0)
 
 
-def _local_interval(kind, p, rq, qlen, qpb, klen, kpb):
+def _local_interval(kind, params, rq, qlen, qpb, klen, kpb):
     """Each q row's allowed keys as offsets [a, b) into its kv run (before clamping to [0, klen]).
 
     rq: the row's offset in its q run; qlen / klen: run lengths; qpb / kpb: local coordinates of the runs'
     first tokens. Only int32 arithmetic with magnitudes below 2^31 (see _shift).
     """
+    p = dict(params)
     zeros = jnp.zeros_like(rq)
     # The diagonal as an offset into the kv run: key offset rq + D sits on the row's diagonal.
     if kind != "full":
@@ -201,6 +220,14 @@ def _local_interval(kind, p, rq, qlen, qpb, klen, kpb):
     a = chunk_start - kpb
     b = _shift(nonneg - kpb, 1)
     return a, b, pd >= 0
+
+
+def _check_grid(who, lead, nq, nkv):
+    """The number of rows in the leading dims; the scatter's flat int32 index must reach every tile."""
+    n = int(np.prod(lead, dtype=np.int64))
+    if n * nq * (nkv + 1) > _INT32_MAX:
+        raise ValueError(f"{who}: {n} rows of {nq} x {nkv} tiles exceed the int32 index of the tile grid")
+    return n
 
 
 def _rows_per_tile(n, nq, nkv, q_block, ranges):
@@ -238,14 +265,15 @@ def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positi
       inner           the mask applied inside each document, in local coordinates (as ``DocumentMask``'s
                       ``inner``): None (full), ``seqattn.FullMask()``, ``CausalMask(alignment)``,
                       ``SlidingWindowMask(left, right, alignment)``, ``ChunkedCausalMask(chunk, alignment)`` or
-                      ``PrefixLMMask(prefix, alignment)`` with one int prefix. Static.
+                      ``PrefixLMMask(prefix, alignment)`` with one int prefix, or a ``PerHeadMask`` of them
+                      (head h uses the h-th). Static.
       block_size      (block_q, block_kv) or one int for both. Static. The last block of a side may be short.
 
-    Returns int8 [*E, 1, ceil(S_q / block_q), ceil(S_kv / block_kv)]: per (row, head group, q-block, kv-block)
-    the ``seqattn.TileClass`` value, 0 empty, 1 partial (some but not all pairs allowed), 2 full -- exactly
-    ``seqattn.DocumentMask(segment_ids, positions, inner, kv_segment_ids=..., kv_segment_pos=...)
-    .block_mask(block_size=block_size).classes()`` (whose head dim is 1 for these head-invariant masks) on
-    every input the C++ accepts. Query token i may see key j iff they carry the same non-zero id and the
+    Returns int8 [*E, H, ceil(S_q / block_q), ceil(S_kv / block_kv)], H = 1 (one mask for every head) or the
+    PerHeadMask's head count: per (row, head, q-block, kv-block) the ``seqattn.TileClass`` value, 0 empty,
+    1 partial (some but not all pairs allowed), 2 full -- exactly ``seqattn.DocumentMask(segment_ids,
+    positions, inner, kv_segment_ids=..., kv_segment_pos=...).block_mask(block_size=block_size).classes()``
+    on every input the C++ accepts. Heads with equal masks are computed once. Query token i may see key j iff they carry the same non-zero id and the
     inner mask allows them in local coordinates, the inner mask seeing a run as the first
     (first position + length) coordinates of its document (so bottom-right alignment lines up the runs'
     last tokens, as in TE).
@@ -262,15 +290,15 @@ def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positi
     with kv_segment_ids the pairing of q and kv runs by id adds a sort and a binary search per token
     (O(S log S)). No [S, S] or [S, block] temporary. Sequences must be shorter than 2^29 tokens.
     """
-    kind, params = _inner_spec(inner)
-    bq, bkv = _block_size(block_size)
-    q_ids = _as_int32(segment_ids, "segment_ids")
+    specs = _inner_specs(inner)
+    bq, bkv = _block_size(block_size, "block_classes")
+    q_ids = _as_int32(segment_ids, "segment_ids", "block_classes")
     if q_ids.ndim < 1:
         raise ValueError(f"block_classes: segment_ids must have shape (*E, S), got {_shape(q_ids)}")
     if kv_positions is not None and kv_segment_ids is None:
         raise ValueError("block_classes: kv_positions given without kv_segment_ids")
     self_attention = kv_segment_ids is None
-    kv_ids = q_ids if self_attention else _as_int32(kv_segment_ids, "kv_segment_ids")
+    kv_ids = q_ids if self_attention else _as_int32(kv_segment_ids, "kv_segment_ids", "block_classes")
     if kv_ids.ndim < 1 or kv_ids.shape[:-1] != q_ids.shape[:-1]:
         raise ValueError(
             f"block_classes: segment_ids {_shape(q_ids)} and kv_segment_ids {_shape(kv_ids)} must agree in every "
@@ -280,7 +308,7 @@ def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positi
     def positions_of(pos, ids, name, ids_name):
         if pos is None:
             return None
-        pos = _as_int32(pos, name)
+        pos = _as_int32(pos, name, "block_classes")
         if pos.ndim < 1 or pos.ndim > ids.ndim or ids.shape[ids.ndim - pos.ndim:] != pos.shape:
             raise ValueError(
                 f"block_classes: {name} of shape {_shape(pos)} must match {ids_name} {_shape(ids)} or a trailing "
@@ -295,10 +323,11 @@ def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positi
         raise ValueError(f"block_classes: sequences of {s_q} (q) and {s_kv} (kv) tokens; at most {_MAX_TOKENS - 1}")
     lead = q_ids.shape[:-1]
     nq, nkv = -(-s_q // bq), -(-s_kv // bkv)
+    heads = len(specs)
     if s_q == 0 or s_kv == 0:
-        return jnp.zeros(lead + (1, nq, nkv), jnp.int8)
+        return jnp.zeros(lead + (heads, nq, nkv), jnp.int8)
 
-    n = int(np.prod(lead, dtype=np.int64))
+    n = _check_grid("block_classes", lead, nq, nkv)
     flat = lambda x: None if x is None else x.reshape(n, x.shape[-1])  # noqa: E731
     q_ids, kv_ids, q_pos, kv_pos = flat(q_ids), flat(kv_ids), flat(q_pos), flat(kv_pos)
 
@@ -314,32 +343,36 @@ def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positi
 
     t = lax.broadcasted_iota(jnp.int32, (n, s_q), 1)
     rq, qlen, klen = t - qb, qe - qb, ke - kb
-    a, b, row_ok = _local_interval(kind, params, rq, qlen, qpb, klen, kpb)
-    a = jnp.clip(a, 0, klen)
-    b = jnp.clip(b, 0, klen)
-    sees = found & (a < b)
-    if row_ok is not None:
-        sees = sees & row_ok
-    lo, hi = kb + a, kb + b  # the row's keys [lo, hi), global kv indices
-
-    # Non-empty tiles: the rows reaching each tile, counted from each seeing row's range of kv-blocks.
-    nonempty = _rows_per_tile(n, nq, nkv, t // bq, [(lo // bkv, (hi - 1) // bkv + 1, sees)]) > 0
-
-    # Full tiles: every row of the q-block sees all of the tile's columns. Rows past S_q are neutral.
-    big = jnp.int32(_INT32_MAX)
-    pad = nq * bq - s_q
-    lo_all = jnp.pad(jnp.where(sees, lo, big), ((0, 0), (0, pad)), constant_values=-1)
-    hi_all = jnp.pad(jnp.where(sees, hi, -1), ((0, 0), (0, pad)), constant_values=_INT32_MAX)
-    max_lo = lo_all.reshape(n, nq, bq).max(axis=-1)
-    min_hi = hi_all.reshape(n, nq, bq).min(axis=-1)
     j = jnp.arange(nkv, dtype=jnp.int32)
     c0 = j * bkv
     c1 = jnp.minimum(c0 + bkv, s_kv)
-    full = (max_lo[:, :, None] <= c0) & (min_hi[:, :, None] >= c1)
 
-    classes = jnp.where(nonempty, jnp.where(full, 2, 1), 0).astype(jnp.int8)
-    return classes.reshape(lead + (1, nq, nkv))
+    def classes_of(spec):
+        a, b, row_ok = _local_interval(*spec, rq, qlen, qpb, klen, kpb)
+        a = jnp.clip(a, 0, klen)
+        b = jnp.clip(b, 0, klen)
+        sees = found & (a < b)
+        if row_ok is not None:
+            sees = sees & row_ok
+        lo, hi = kb + a, kb + b  # the row's keys [lo, hi), global kv indices
 
+        # Non-empty tiles: the rows reaching each tile, counted from each seeing row's range of kv-blocks.
+        nonempty = _rows_per_tile(n, nq, nkv, t // bq, [(lo // bkv, (hi - 1) // bkv + 1, sees)]) > 0
+
+        # Full tiles: every row of the q-block sees all of the tile's columns. Rows past S_q are neutral.
+        pad = nq * bq - s_q
+        lo_all = jnp.pad(jnp.where(sees, lo, _INT32_MAX), ((0, 0), (0, pad)), constant_values=-1)
+        hi_all = jnp.pad(jnp.where(sees, hi, -1), ((0, 0), (0, pad)), constant_values=_INT32_MAX)
+        max_lo = lo_all.reshape(n, nq, bq).max(axis=-1)
+        min_hi = hi_all.reshape(n, nq, bq).min(axis=-1)
+        full = (max_lo[:, :, None] <= c0) & (min_hi[:, :, None] >= c1)
+        return jnp.where(nonempty, jnp.where(full, 2, 1), 0).astype(jnp.int8)
+
+    # Heads with the same mask share one computation (a head group).
+    distinct = list(dict.fromkeys(specs))
+    per_group = [classes_of(spec) for spec in distinct]
+    classes = jnp.stack([per_group[distinct.index(spec)] for spec in specs], axis=1)
+    return classes.reshape(lead + (heads, nq, nkv))
 
 def multi_item_classes(tokens, delimiter, *, lengths=None, block_size=(128, 128)):
     """Tile classes of a multi-item scoring mask (sglang-jax), from traced tokens, in ``jax.numpy``.
@@ -365,8 +398,8 @@ def multi_item_classes(tokens, delimiter, *, lengths=None, block_size=(128, 128)
     interval covering it, each counted by one scatter per interval end and a cumulative sum over kv-blocks.
     O(S + #tiles) time and memory.
     """
-    bq, bkv = _block_size(block_size)
-    tok = _as_int32(tokens, "tokens")
+    bq, bkv = _block_size(block_size, "multi_item_classes")
+    tok = _as_int32(tokens, "tokens", "multi_item_classes")
     if tok.ndim < 1:
         raise ValueError(f"multi_item_classes: tokens must have shape (*E, S), got {_shape(tok)}")
     lead, s = tok.shape[:-1], tok.shape[-1]
@@ -377,13 +410,13 @@ def multi_item_classes(tokens, delimiter, *, lengths=None, block_size=(128, 128)
             raise ValueError(f"multi_item_classes: delimiter {int(delimiter)} is outside int32")
         delim = jnp.int32(int(delimiter))
     else:
-        delim = _as_int32(delimiter, "delimiter")
+        delim = _as_int32(delimiter, "delimiter", "multi_item_classes")
         if delim.shape != ():
             raise ValueError(f"multi_item_classes: delimiter must be a scalar, got shape {_shape(delim)}")
     if lengths is None:
         length = jnp.full(lead, s, jnp.int32)
     else:
-        length = _as_int32(lengths, "lengths")
+        length = _as_int32(lengths, "lengths", "multi_item_classes")
         if length.shape != lead:
             raise ValueError(
                 f"multi_item_classes: lengths of shape {_shape(length)} must have tokens' leading shape {lead} "
@@ -394,7 +427,7 @@ def multi_item_classes(tokens, delimiter, *, lengths=None, block_size=(128, 128)
     if s == 0:
         return jnp.zeros(lead + (1, nq, nkv), jnp.int8)
 
-    n = int(np.prod(lead, dtype=np.int64))
+    n = _check_grid("multi_item_classes", lead, nq, nkv)
     tok, length = tok.reshape(n, s), length.reshape(n, 1)
     t = lax.broadcasted_iota(jnp.int32, (n, s), 1)
     valid = t < length

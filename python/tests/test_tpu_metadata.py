@@ -115,21 +115,22 @@ def kv_batch(rng, q_ids, s_kv):
 
 
 def tile_classes_from_dense(dense, bq, bkv, lengths=None):
-    """int8 [B, 1, nq, nkv] classes from a bool [B, 1, Q, KV] mask: the definition. Row b's tiles end at
+    """int8 [B, H, nq, nkv] classes from a bool [B, H, Q, KV] mask: the definition. Row b's tiles end at
     lengths[b] (default: Q and KV), tiles past it are 0."""
-    b, _, q, kv = dense.shape
+    b, h, q, kv = dense.shape
     nq, nkv = -(-q // bq), -(-kv // bkv)
     lq = np.full(b, q) if lengths is None else np.asarray(lengths)
     lkv = np.full(b, kv) if lengths is None else np.asarray(lengths)
-    inside = (np.arange(nq * bq)[None, :, None] < lq[:, None, None]) & (
-        np.arange(nkv * bkv)[None, None, :] < lkv[:, None, None])
-    d = np.zeros((b, nq * bq, nkv * bkv), bool)
-    d[:, :q, :kv] = dense[:, 0]
+    inside = (np.arange(nq * bq)[None, None, :, None] < lq[:, None, None, None]) & (
+        np.arange(nkv * bkv)[None, None, None, :] < lkv[:, None, None, None])
+    d = np.zeros((b, h, nq * bq, nkv * bkv), bool)
+    d[:, :, :q, :kv] = dense
     d &= inside
-    blocks = lambda x: x.reshape(b, nq, bq, nkv, bkv).transpose(0, 1, 3, 2, 4).reshape(b, nq, nkv, -1)  # noqa: E731
+    blocks = lambda x: x.reshape(x.shape[0], x.shape[1], nq, bq, nkv, bkv).swapaxes(3, 4).reshape(  # noqa: E731
+        x.shape[0], x.shape[1], nq, nkv, -1)
     any_ = blocks(d).any(-1)
     all_ = blocks(d | ~inside).all(-1) & blocks(inside).any(-1)
-    return np.where(all_, 2, np.where(any_, 1, 0)).astype(np.int8)[:, None]
+    return np.where(all_, 2, np.where(any_, 1, 0)).astype(np.int8)
 
 
 # (S_q, S_kv, block size): short last blocks, 1x1 tiles, blocks larger than the sequence.
@@ -178,7 +179,8 @@ def test_cross_attention_matches_cpp(rng, shape):
     for k, inner in enumerate(INNERS):
         ids, pos = random_batch(rng, ROWS, s_q)
         kv_ids, kv_pos = kv_batch(rng, ids, s_kv)
-        for q_pos, k_pos in ((pos, kv_pos), (None, None), (pos, None), (None, kv_pos)):
+        modes = ((pos, kv_pos), (None, None)) if k % 2 else ((pos, None), (None, kv_pos))
+        for q_pos, k_pos in modes:
             check(ids, q_pos, inner, block, kv_ids, k_pos, dense_check=k % 4 == 0)
 
 
@@ -423,3 +425,30 @@ def test_multi_item_errors():
         tpu.multi_item_classes(np.ones((2, 8), np.int32), 2**32)
     with pytest.raises(ValueError, match="block_size must be positive"):
         tpu.multi_item_classes(np.ones((2, 8), np.int32), 9, block_size=(8, -1))
+
+
+def test_grid_too_large_for_int32_indices():
+    ids = jax.ShapeDtypeStruct((64, 2**20), jnp.int32)
+    with pytest.raises(ValueError, match=r"block_classes: 64 rows of 1048576 x 1048576 tiles exceed"):
+        jax.eval_shape(lambda i: tpu.block_classes(i, block_size=1), ids)
+    with pytest.raises(ValueError, match=r"multi_item_classes: 64 rows of 1048576 x 1048576 tiles exceed"):
+        jax.eval_shape(lambda i: tpu.multi_item_classes(i, 9, block_size=1), ids)
+
+
+def test_per_head_masks(rng):
+    heads = seqattn.PerHeadMask([seqattn.CausalMask(), seqattn.SlidingWindowMask(3, 0, "bottom_right"),
+                                 seqattn.CausalMask(), seqattn.PrefixLMMask(4), seqattn.ChunkedCausalMask(5),
+                                 seqattn.FullMask()])
+    for block in ((8, 16), (3, 5)):
+        ids, pos = random_batch(rng, ROWS, 45)
+        got = check(ids, pos, heads, block)
+        assert got.shape[1] == 6
+        np.testing.assert_array_equal(got[:, 0], got[:, 2])  # one computation, one result
+        kv_ids, kv_pos = kv_batch(rng, ids, 30)
+        check(ids, None, heads, block, kv_ids, kv_pos)
+    one = seqattn.PerHeadMask([seqattn.SlidingWindowMask(-1, 2)])
+    check(*random_batch(rng, ROWS, 45), one, (8, 16))
+    for bad, what in ((seqattn.PerHeadMask([seqattn.CausalMask(), seqattn.CausalMask() & seqattn.FullMask()]), "inner"),
+                      (seqattn.PerHeadMask([seqattn.CausalMask(), seqattn.PrefixLMMask(np.array([1]))]), "head 1")):
+        with pytest.raises(ValueError, match=what):
+            tpu.block_classes(np.ones((1, 8), np.int32), inner=bad)

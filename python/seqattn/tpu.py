@@ -165,20 +165,18 @@ def _runs(ids, pos):
         pos_begin = jnp.zeros((n, s), jnp.int32)  # local coordinate = offset in the run
     else:
         pos_begin = jnp.take_along_axis(pos, begin, axis=1)
-    return nz, starts, begin, end, pos_begin
+    return nz, begin, end, pos_begin
 
 
-def _match_kv_runs(q_ids, kv_ids, kv_starts):
+def _match_kv_runs(q_ids, kv_ids):
     """For each q token, the first token of the kv run with its id (R4: at most one) and whether there is one.
 
-    Sorts the kv run starts by id and binary-searches each q id: O(S log S).
+    A stable sort of the kv tokens by id keeps each id's tokens in token order, so the first kv token with a q
+    token's id, found by binary search, is its run's start: O(S log S).
     """
     n, s_kv = kv_ids.shape
     t = lax.broadcasted_iota(jnp.int32, (n, s_kv), 1)
-    not_start = jnp.where(kv_starts, 0, 1).astype(jnp.int32)
-    # Keys (id, not_start): a real run start sorts before every non-start token holding the same id.
-    # The first kv token holding a q token's id is then its run's start (R4: only that run holds the id).
-    keys, _, where = lax.sort((kv_ids, not_start, t), dimension=1, num_keys=2)
+    keys, where = lax.sort((kv_ids, t), dimension=1, num_keys=1, is_stable=True)
     idx = jax.vmap(lambda k, v: jnp.searchsorted(k, v, side="left"))(keys, q_ids)
     idx = jnp.minimum(idx, s_kv - 1).astype(jnp.int32)
     found = jnp.take_along_axis(keys, idx, axis=1) == q_ids
@@ -331,12 +329,12 @@ def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positi
     flat = lambda x: None if x is None else x.reshape(n, x.shape[-1])  # noqa: E731
     q_ids, kv_ids, q_pos, kv_pos = flat(q_ids), flat(kv_ids), flat(q_pos), flat(kv_pos)
 
-    q_nz, _, qb, qe, qpb = _runs(q_ids, q_pos)
+    q_nz, qb, qe, qpb = _runs(q_ids, q_pos)
     if self_attention:
         found, kb, ke, kpb = q_nz, qb, qe, qpb
     else:
-        _, kv_starts, kv_b, kv_e, kv_pb = _runs(kv_ids, kv_pos)
-        found, kb = _match_kv_runs(q_ids, kv_ids, kv_starts)
+        _, _, kv_e, kv_pb = _runs(kv_ids, kv_pos)
+        found, kb = _match_kv_runs(q_ids, kv_ids)
         found = found & q_nz
         ke = jnp.take_along_axis(kv_e, kb, axis=1)
         kpb = jnp.take_along_axis(kv_pb, kb, axis=1)

@@ -452,3 +452,21 @@ def test_per_head_masks(rng):
                       (seqattn.PerHeadMask([seqattn.CausalMask(), seqattn.PrefixLMMask(np.array([1]))]), "head 1")):
         with pytest.raises(ValueError, match=what):
             tpu.block_classes(np.ones((1, 8), np.int32), inner=bad)
+
+
+def test_exports_for_tpu():
+    """The builders lower for TPU (jax.export, no TPU needed) to plain StableHLO: no custom call, nothing that
+    needs the host. What XLA:TPU then compiles is not checked here."""
+    ids = jax.ShapeDtypeStruct((4, 8192), jnp.int32)
+    cases = [
+        (lambda i, p: tpu.block_classes(i, p, inner=seqattn.SlidingWindowMask(1024, 0, "bottom_right"),
+                                        block_size=512), (ids, ids)),
+        (lambda i, p: tpu.block_classes(i, p, kv_segment_ids=i, kv_positions=p, inner=seqattn.ChunkedCausalMask(256),
+                                        block_size=(512, 1024)), (ids, ids)),
+        (lambda t, n: tpu.multi_item_classes(t, 99, lengths=n, block_size=512),
+         (ids, jax.ShapeDtypeStruct((4,), jnp.int32))),
+    ]
+    for fn, args in cases:
+        exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)
+        assert exported.platforms == ("tpu",)
+        assert "custom_call" not in exported.mlir_module()

@@ -192,12 +192,11 @@ def _local_interval(kind, params, rq, qlen, qpb, klen, kpb):
     """
     p = dict(params)
     zeros = jnp.zeros_like(rq)
-    # The diagonal as an offset into the kv run: key offset rq + D sits on the row's diagonal.
-    if kind != "full":
-        br = p["bottom_right"]
-        diag = (klen - qlen) if br else (qpb - kpb)
     if kind == "full":
         return zeros, klen, None
+    # The diagonal as an offset into the kv run: row rq's diagonal is key offset rq + diag. Bottom-right
+    # lines up the runs' last tokens whatever their positions; top-left the runs' local coordinates.
+    diag = (klen - qlen) if p["bottom_right"] else (qpb - kpb)
     if kind == "causal":
         return zeros, rq + _shift(diag, 1), None
     if kind == "sliding_window":

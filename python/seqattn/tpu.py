@@ -270,10 +270,10 @@ def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positi
     PerHeadMask's head count: per (row, head, q-block, kv-block) the ``seqattn.TileClass`` value, 0 empty,
     1 partial (some but not all pairs allowed), 2 full -- exactly ``seqattn.DocumentMask(segment_ids,
     positions, inner, kv_segment_ids=..., kv_segment_pos=...).block_mask(block_size=block_size).classes()``
-    on every input the C++ accepts. Heads with equal masks are computed once. Query token i may see key j iff they carry the same non-zero id and the
-    inner mask allows them in local coordinates, the inner mask seeing a run as the first
-    (first position + length) coordinates of its document (so bottom-right alignment lines up the runs'
-    last tokens, as in TE).
+    on every input the C++ accepts. Heads with equal masks are computed once. Query token i may see key j
+    iff they carry the same non-zero id and the inner mask allows them in local coordinates, the inner mask
+    seeing a run as the first (first position + length) coordinates of its document (so bottom-right
+    alignment lines up the runs' last tokens, as in TE).
 
     Inputs the C++ rejects (an id in two runs, negative ids or positions, positions that do not count up by
     one) cannot be detected under jit: their classes are unspecified. With positions only a run's first

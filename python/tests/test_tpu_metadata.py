@@ -151,7 +151,8 @@ def check(ids, pos, inner, block, kv_ids=None, kv_pos=None, dense_check=True):
     if not np.array_equal(got, want):
         r = int(np.argwhere((got != want).any(axis=(1, 2, 3)))[0, 0])
         pytest.fail(
-            f"{inner!r} block {block}, row {r}:\nids {ids[r].tolist()}\npos {None if pos is None else pos[r].tolist()}\n"
+            f"{inner!r} block {block}, row {r}:\nids {ids[r].tolist()}\n"
+            f"pos {None if pos is None else pos[r].tolist()}\n"
             f"kv_ids {None if kv_ids is None else kv_ids[r].tolist()}\n"
             f"kv_pos {None if kv_pos is None else kv_pos[r].tolist()}\nwant\n{want[r, 0]}\ngot\n{got[r, 0]}"
         )
@@ -239,7 +240,6 @@ def test_extreme_parameters_and_positions(rng):
 def test_jit_vmap_and_leading_dims(rng):
     inner = seqattn.SlidingWindowMask(5, 0, "bottom_right")
     ids, pos = random_batch(rng, 3 * 8, 50)
-    kv_ids, kv_pos = kv_batch(rng, ids, 50)
     e_ids, e_pos = ids.reshape(3, 8, 50), pos.reshape(3, 8, 50)
     want = seqattn.DocumentMask(e_ids, e_pos, inner).block_mask(block_size=(8, 16)).classes()
     fn = jax.jit(lambda i, p: tpu.block_classes(i, p, inner=inner, block_size=(8, 16)))
@@ -287,8 +287,10 @@ def test_no_quadratic_temporaries(cross):
     s, b = 8192, (128, 128)
     ids = jax.ShapeDtypeStruct((2, s), jnp.int32)
     kw = {"kv_segment_ids": ids, "kv_positions": ids} if cross else {}
-    for inner in (seqattn.CausalMask(), seqattn.SlidingWindowMask(1024, 0, "bottom_right"), seqattn.ChunkedCausalMask(512)):
-        jaxpr = jax.make_jaxpr(lambda i, p, **k: tpu.block_classes(i, p, inner=inner, block_size=b, **k))(ids, ids, **kw)
+    for inner in (seqattn.CausalMask(), seqattn.SlidingWindowMask(1024, 0, "bottom_right"),
+                  seqattn.ChunkedCausalMask(512)):
+        fn = lambda i, p, **k: tpu.block_classes(i, p, inner=inner, block_size=b, **k)  # noqa: E731
+        jaxpr = jax.make_jaxpr(fn)(ids, ids, **kw)
         sizes = [int(np.prod(a.shape)) for a in _avals(jaxpr.jaxpr)]
         assert sizes, "no intermediates found"
         tiles = 2 * (s // b[0]) * (s // b[1] + 1)

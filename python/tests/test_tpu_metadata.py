@@ -134,10 +134,11 @@ def tile_classes_from_dense(dense, bq, bkv, lengths=None):
     return np.where(all_, 2, np.where(any_, 1, 0)).astype(np.int8)
 
 
-# (S_q, S_kv, block size): short last blocks, 1x1 tiles, blocks larger than the sequence.
-SELF_SHAPES = [(1, 1, (1, 1)), (70, 70, (8, 16)), (70, 70, (16, 8)), (37, 37, (1, 1)), (45, 45, (7, 5)),
-               (64, 64, (16, 16)), (5, 5, (8, 8))]
-CROSS_SHAPES = [(70, 70, (8, 16)), (23, 41, (8, 16)), (50, 13, (3, 4)), (1, 9, (2, 2)), (33, 1, (1, 1))]
+# (S_q, S_kv, block size): short last blocks, 1x1 tiles, blocks larger than the sequence. Few distinct
+# sequence lengths: JAX compiles each operation once per shape, which is most of these tests' time.
+SELF_SHAPES = [(1, 1, (1, 1)), (70, 70, (8, 16)), (70, 70, (16, 8)), (45, 45, (1, 1)), (45, 45, (7, 5)),
+               (5, 5, (8, 8))]
+CROSS_SHAPES = [(70, 70, (8, 16)), (45, 70, (8, 16)), (70, 45, (3, 4)), (1, 70, (2, 2)), (45, 1, (1, 1))]
 ROWS = 24
 
 
@@ -186,28 +187,32 @@ def test_cross_attention_matches_cpp(rng, shape):
             check(ids, q_pos, inner, block, kv_ids, k_pos, dense_check=k % 4 == 0)
 
 
-def test_hand_written_rows():
-    ids = np.array([
+def test_hand_written_rows(rng):
+    rows = np.array([
         [0, 0, 3, 3, 3, 0, 7, 9, 9, 9, 9, 9, 0, 4, 4, 4],   # ids not starting at 1, padding anywhere
         [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],   # one document
         [0] * 16,                                            # padding only
         [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],  # 1-token documents
     ], np.int32)
-    pos = np.array([
+    row_pos = np.array([
         [9, 9, 4, 5, 6, -1, 0, 2, 3, 4, 5, 6, 9, 0, 1, 2],
         list(range(100, 116)),
         list(range(16)),
         [0] * 16,
     ], np.int32)
+    # In a batch of the tests' usual shape (JAX compiles per shape): the rows, then padding, then random rows.
+    ids, pos = random_batch(rng, ROWS, 45)
+    ids[:4], pos[:4] = 0, 0
+    ids[:4, :16], pos[:4, :16] = rows, row_pos
     for inner in INNERS:
-        for block in ((4, 4), (3, 5)):
+        for block in ((7, 5), (1, 1)):
             check(ids, pos, inner, block)
             check(ids, None, inner, block)
 
 
 def test_extreme_parameters_and_positions(rng):
     """Window sides, chunks and prefixes past int32, positions up to INT32_MAX: no overflow."""
-    s = 40
+    s = 45
     big = [
         seqattn.SlidingWindowMask(2**62, 2**63 - 1),
         seqattn.SlidingWindowMask(2**31, 3, "bottom_right"),
@@ -323,8 +328,9 @@ def test_errors():
     with pytest.raises(ValueError, match=r"segment_ids of shape \(2, 8\) holds values outside int32"):
         tpu.block_classes(ids.astype(np.int64) << 40)
     # In range: wider and narrower integer types are accepted.
-    np.testing.assert_array_equal(tpu.block_classes(ids.astype(np.int64), block_size=4),
-                                  tpu.block_classes(ids.astype(np.uint8), block_size=4))
+    wide = np.ones((ROWS, 45), np.int64)
+    np.testing.assert_array_equal(tpu.block_classes(wide, block_size=(7, 5)),
+                                  tpu.block_classes(wide.astype(np.uint8), block_size=(7, 5)))
     assert tpu.block_classes(np.zeros((2, 0), np.int32), block_size=4).shape == (2, 1, 0, 0)
 
 
@@ -392,26 +398,31 @@ def test_multi_item_rows_that_are_not_requests_are_causal(rng):
         np.array([99, 2, 99, 4, 5, 99], np.int32),     # empty query
         np.array([1, 99, 3, 99, 5, 6], np.int32),      # does not end with the delimiter
     ]
-    tokens = np.stack(rows)
-    for block in ((2, 2), (4, 3), (1, 1)):
-        got = np.asarray(tpu.multi_item_classes(tokens, d, block_size=block))
-        want = seqattn.CausalMask().block_mask(6, batch=4, block_size=block).classes()
-        np.testing.assert_array_equal(got, want)
+    for r in rows:
         with pytest.raises(ValueError):  # the C++ rejects each of them
-            seqattn.MultiItemMask([rows[0]], d)
+            seqattn.MultiItemMask([r], d)
+    # Requests of 6 tokens in rows of 70 (padding holds delimiters, never read).
+    tokens = np.full((ROWS, 70), d, np.int32)
+    for i in range(ROWS):
+        tokens[i, :6] = rows[i % 4]
+    lengths = np.full(ROWS, 6, np.int32)
+    for block in ((8, 16), (3, 5)):
+        got = np.asarray(tpu.multi_item_classes(tokens, d, lengths=lengths, block_size=block))
+        want = seqattn.CausalMask().block_mask(6, batch=ROWS, block_size=block).classes()
+        np.testing.assert_array_equal(got, padded_classes(want, *got.shape[2:]))
     # Length 0: nothing.
-    assert not np.asarray(tpu.multi_item_classes(tokens, d, lengths=np.zeros(4, np.int32), block_size=2)).any()
+    assert not np.asarray(tpu.multi_item_classes(tokens, d, lengths=0 * lengths, block_size=(8, 16))).any()
 
 
 def test_multi_item_vmap_leading_dims_and_temporaries(rng):
-    tokens, lengths, reqs = multi_item_batch(rng, 12, 64, 99)
-    want = seqattn.MultiItemMask(reqs, 99).block_mask(block_size=(8, 8)).classes()
-    want = padded_classes(want, 8, 8).reshape(3, 4, 1, 8, 8)
-    fn = jax.jit(jax.vmap(lambda t, n: tpu.multi_item_classes(t, 99, lengths=n, block_size=(8, 8))))
-    np.testing.assert_array_equal(np.asarray(fn(tokens.reshape(3, 4, 64), lengths.reshape(3, 4))), want)
+    tokens, lengths, reqs = multi_item_batch(rng, ROWS, 70, 99)
+    want = seqattn.MultiItemMask(reqs, 99).block_mask(block_size=(8, 16)).classes()
+    want = padded_classes(want, 9, 5).reshape(3, 8, 1, 9, 5)
+    fn = jax.jit(jax.vmap(lambda t, n: tpu.multi_item_classes(t, 99, lengths=n, block_size=(8, 16))))
+    np.testing.assert_array_equal(np.asarray(fn(tokens.reshape(3, 8, 70), lengths.reshape(3, 8))), want)
     np.testing.assert_array_equal(
-        np.asarray(tpu.multi_item_classes(tokens.reshape(3, 4, 64), 99, lengths=lengths.reshape(3, 4),
-                                          block_size=(8, 8))), want)
+        np.asarray(tpu.multi_item_classes(tokens.reshape(3, 8, 70), 99, lengths=lengths.reshape(3, 8),
+                                          block_size=(8, 16))), want)
     s = 8192
     jaxpr = jax.make_jaxpr(lambda t, n: tpu.multi_item_classes(t, 99, lengths=n, block_size=(128, 128)))(
         jax.ShapeDtypeStruct((2, s), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32))
@@ -442,15 +453,15 @@ def test_per_head_masks(rng):
     heads = seqattn.PerHeadMask([seqattn.CausalMask(), seqattn.SlidingWindowMask(3, 0, "bottom_right"),
                                  seqattn.CausalMask(), seqattn.PrefixLMMask(4), seqattn.ChunkedCausalMask(5),
                                  seqattn.FullMask()])
-    for block in ((8, 16), (3, 5)):
+    for block in ((7, 5), (1, 1)):  # the shapes of other tests (JAX compiles per shape)
         ids, pos = random_batch(rng, ROWS, 45)
         got = check(ids, pos, heads, block)
         assert got.shape[1] == 6
         np.testing.assert_array_equal(got[:, 0], got[:, 2])  # one computation, one result
-        kv_ids, kv_pos = kv_batch(rng, ids, 30)
-        check(ids, None, heads, block, kv_ids, kv_pos)
+    kv_ids, kv_pos = kv_batch(rng, ids, 70)
+    check(ids, None, heads, (8, 16), kv_ids, kv_pos)
     one = seqattn.PerHeadMask([seqattn.SlidingWindowMask(-1, 2)])
-    check(*random_batch(rng, ROWS, 45), one, (8, 16))
+    check(*random_batch(rng, ROWS, 45), one, (7, 5))
     for bad, what in ((seqattn.PerHeadMask([seqattn.CausalMask(), seqattn.CausalMask() & seqattn.FullMask()]), "inner"),
                       (seqattn.PerHeadMask([seqattn.CausalMask(), seqattn.PrefixLMMask(np.array([1]))]), "head 1")):
         with pytest.raises(ValueError, match=what):

@@ -431,8 +431,9 @@ def multi_item_classes(tokens, delimiter, *, lengths=None, block_size=(128, 128)
     is_delim = (tok == delim) & valid
     first_delim = jnp.min(jnp.where(is_delim, t, s), axis=1, keepdims=True)
     last_delim = jnp.max(jnp.where(is_delim, t, -1), axis=1, keepdims=True)
-    count = jnp.sum(is_delim, axis=1, keepdims=True)
-    multi = (count >= 2) & (first_delim > 0) & (last_delim == length - 1)
+    # A request: a non-empty query and a delimiter at the end. (With one delimiter, the C++ rejects the row and
+    # the mask below is causal anyway: prefix_end = length.)
+    multi = (first_delim > 0) & (last_delim == length - 1)
     prefix_end = jnp.where(multi, first_delim + 1, 0)
     # seg_start(q) = 1 + the last delimiter strictly before q (0 before the first one: then q < prefix_end).
     before = jnp.concatenate([jnp.full((n, 1), -1, jnp.int32), jnp.where(is_delim, t, -1)[:, :-1]], axis=1)

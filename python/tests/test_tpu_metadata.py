@@ -406,7 +406,7 @@ def test_multi_item_rows_that_are_not_requests_are_causal(rng):
     for i in range(ROWS):
         tokens[i, :6] = rows[i % 4]
     lengths = np.full(ROWS, 6, np.int32)
-    for block in ((8, 16), (3, 5)):
+    for block in ((8, 16), (1, 1)):
         got = np.asarray(tpu.multi_item_classes(tokens, d, lengths=lengths, block_size=block))
         want = seqattn.CausalMask().block_mask(6, batch=ROWS, block_size=block).classes()
         np.testing.assert_array_equal(got, padded_classes(want, *got.shape[2:]))

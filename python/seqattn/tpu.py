@@ -1,0 +1,467 @@
+"""Device-side block metadata for TPU kernels: tile classes from traced segment ids.
+
+``block_classes`` computes, inside ``jax.jit`` and from traced ``segment_ids`` /
+``positions``, the class of every (q-block, kv-block) tile of a document mask
+(empty / partial / full, the values of ``seqattn.TileClass``) -- the classes
+``seqattn.DocumentMask(...).block_mask(block_size=...).classes()`` computes on
+the host in C++, on every input the C++ accepts. Pure ``jax.numpy``: it jits,
+vmaps and runs on any backend, so a training step can rebuild its block mask
+on the device each step without a host round trip.
+
+``multi_item_classes`` does the same for multi-item scoring masks (sglang-jax) from traced tokens, as
+``seqattn.MultiItemMask(...).block_mask(...).classes()`` computes them.
+
+Importing this module imports JAX; ``import seqattn`` does not.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import _core
+
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
+# Intermediate local offsets are clamped to [-_BOUND, _BOUND]; exact as long as
+# every sequence is shorter than _BOUND / 2 tokens (checked: _MAX_TOKENS).
+_BOUND = 2**30
+_MAX_TOKENS = 2**29
+
+# The inner masks this builder supports, parsed from the mask's repr (the Python
+# mask objects expose their kind but not their parameters).
+_ALIGN = r"(?:, (alignment='bottom_right'))?"
+_PATTERNS = {
+    "full": re.compile(r"FullMask\(\)"),
+    "causal": re.compile(r"CausalMask\((alignment='bottom_right')?\)"),
+    "sliding_window": re.compile(r"SlidingWindowMask\((-?\d+), (-?\d+)" + _ALIGN + r"\)"),
+    "chunked_causal": re.compile(r"ChunkedCausalMask\((\d+)" + _ALIGN + r"\)"),
+    "prefix_lm": re.compile(r"PrefixLMMask\((\d+)" + _ALIGN + r"\)"),
+}
+
+SUPPORTED_INNER = (
+    "FullMask, CausalMask, SlidingWindowMask, ChunkedCausalMask and PrefixLMMask with one int prefix, "
+    "each top-left or bottom-right aligned"
+)
+
+
+_NAMES = {"FullMask": "full", "CausalMask": "causal", "SlidingWindowMask": "sliding_window",
+          "ChunkedCausalMask": "chunked_causal", "PrefixLMMask": "prefix_lm"}
+_ITEM = re.compile(r"(?:" + "|".join(_NAMES) + r")\([^()]*\)")
+
+
+def _spec_of(kind, text, what):
+    """(kind, params) from the repr of one structural mask; ValueError naming `what` otherwise."""
+    pattern = _PATTERNS.get(kind)
+    m = pattern.fullmatch(text) if pattern is not None else None
+    if m is None:
+        extra = " (a prefix length per sequence is not supported yet)" if kind == "prefix_lm" else ""
+        raise ValueError(
+            f"block_classes: {what}={text} (kind {kind!r}) is not supported{extra}; supported: {SUPPORTED_INNER}, "
+            "or a PerHeadMask of them"
+        )
+    g = m.groups()
+    bottom_right = g[-1] is not None if g else False
+    if kind == "full":
+        return kind, ()
+    if kind == "causal":
+        return kind, (("bottom_right", bottom_right),)
+    if kind == "sliding_window":
+        return kind, (("left", int(g[0])), ("right", int(g[1])), ("bottom_right", bottom_right))
+    if kind == "chunked_causal":
+        return kind, (("chunk", int(g[0])), ("bottom_right", bottom_right))
+    return kind, (("prefix", int(g[0])), ("bottom_right", bottom_right))
+
+
+def _inner_specs(inner):
+    """One (kind, params) per head: a tuple of one spec for head-invariant masks, H for a PerHeadMask."""
+    if inner is None:
+        return (("full", ()),)
+    if not isinstance(inner, _core.Mask):
+        raise ValueError(f"block_classes: inner must be a seqattn mask or None, got {type(inner).__name__}")
+    text = repr(inner)
+    if inner.kind != "per_head":
+        return (_spec_of(inner.kind, text, "inner"),)
+    body = text[len("PerHeadMask(["):-len("])")] if text.startswith("PerHeadMask([") and text.endswith("])") else ""
+    items = _ITEM.findall(body)
+    if not items or ", ".join(items) != body:
+        raise ValueError(
+            f"block_classes: inner={text} is not supported: a PerHeadMask's masks must each be one of "
+            f"{SUPPORTED_INNER}"
+        )
+    return tuple(_spec_of(_NAMES[item[:item.index("(")]], item, f"inner's head {h}") for h, item in enumerate(items))
+
+
+def _shape(x):
+    return tuple(int(d) for d in np.shape(x))
+
+
+def _as_int32(x, name, who):
+    """x as an int32 array (traced or not); wider integers are range-checked where their values are known."""
+    if x is None:
+        return None
+    if not hasattr(x, "dtype"):
+        x = np.asarray(x)
+    dtype = np.dtype(x.dtype)
+    if dtype.kind not in "iub":
+        raise ValueError(f"{who}: {name} must hold integers, got dtype {dtype} of shape {_shape(x)}")
+    if dtype == np.int32:
+        return jnp.asarray(x)
+    if np.can_cast(dtype, np.int32, casting="safe"):
+        return jnp.asarray(x).astype(jnp.int32)
+    if isinstance(x, jax.core.Tracer):
+        raise ValueError(
+            f"{who}: {name} of shape {_shape(x)} must be int32 when traced, got {dtype} "
+            "(wider ids cannot be range-checked under jit)"
+        )
+    a = np.asarray(x)
+    if a.size and (a.min() < _INT32_MIN or a.max() > _INT32_MAX):
+        raise ValueError(f"{who}: {name} of shape {a.shape} holds values outside int32")
+    return jnp.asarray(a.astype(np.int32))
+
+
+def _block_size(block_size, who):
+    if isinstance(block_size, (int, np.integer)):
+        block_size = (block_size, block_size)
+    try:
+        bq, bkv = (operator.index(b) for b in block_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"{who}: block_size must be an int or a pair of ints, got {block_size!r}") from None
+    if bq <= 0 or bkv <= 0:
+        raise ValueError(f"{who}: block_size must be positive, got ({bq}, {bkv})")
+    return int(bq), int(bkv)
+
+
+def _shift(x, c):
+    """clip(x + c, -_BOUND, _BOUND), exactly, for int32 x (any value) and a Python int c (any size)."""
+    lo = max(_INT32_MIN, -_BOUND - c)
+    hi = min(_INT32_MAX, _BOUND - c)
+    if lo > hi:  # |c| so large that every x lands beyond a bound
+        return jnp.full(x.shape, _BOUND if c > 0 else -_BOUND, jnp.int32)
+    wrapped = (c + 2**31) % 2**32 - 2**31  # x + c is in [-_BOUND, _BOUND]: the int32 sum wraps to it exactly
+    return jnp.clip(x, lo, hi) + jnp.int32(wrapped)
+
+
+def _runs(ids, pos):
+    """Per token of ids [N, S]: (nonzero, run begin, run end, position of the run's first token)."""
+    n, s = ids.shape
+    t = lax.broadcasted_iota(jnp.int32, (n, s), 1)
+    nz = ids != 0
+    zero = jnp.zeros((n, 1), ids.dtype)
+    prev = jnp.concatenate([zero, ids[:, :-1]], axis=1)
+    nxt = jnp.concatenate([ids[:, 1:], zero], axis=1)
+    starts = nz & (ids != prev)  # R3: only a change of id starts or ends a run
+    ends = nz & (ids != nxt)
+    begin = lax.cummax(jnp.where(starts, t, -1), axis=1)
+    end = lax.cummin(jnp.where(ends, t + 1, s), axis=1, reverse=True)
+    begin = jnp.maximum(begin, 0)  # padding before the first run: never read
+    if pos is None:
+        pos_begin = jnp.zeros((n, s), jnp.int32)  # local coordinate = offset in the run
+    else:
+        pos_begin = jnp.take_along_axis(pos, begin, axis=1)
+    return nz, begin, end, pos_begin
+
+
+def _match_kv_runs(q_ids, kv_ids):
+    """For each q token, the first token of the kv run with its id (R4: at most one) and whether there is one.
+
+    A stable sort of the kv tokens by id keeps each id's tokens in token order, so the first kv token with a q
+    token's id, found by binary search, is its run's start: O(S log S).
+    """
+    n, s_kv = kv_ids.shape
+    t = lax.broadcasted_iota(jnp.int32, (n, s_kv), 1)
+    keys, where = lax.sort((kv_ids, t), dimension=1, num_keys=1, is_stable=True)
+    idx = jax.vmap(lambda k, v: jnp.searchsorted(k, v, side="left"))(keys, q_ids)
+    idx = jnp.minimum(idx, s_kv - 1).astype(jnp.int32)
+    found = jnp.take_along_axis(keys, idx, axis=1) == q_ids
+    first = jnp.take_along_axis(where, idx, axis=1)
+    return found, jnp.where(found, first, 0)
+
+
+def _local_interval(kind, params, rq, qlen, qpb, klen, kpb):
+    """Each q row's allowed keys as offsets [a, b) into its kv run (before clamping to [0, klen]).
+
+    rq: the row's offset in its q run; qlen / klen: run lengths; qpb / kpb: local coordinates of the runs'
+    first tokens. Only int32 arithmetic with magnitudes below 2^31 (see _shift).
+    """
+    p = dict(params)
+    zeros = jnp.zeros_like(rq)
+    if kind == "full":
+        return zeros, klen, None
+    # The diagonal as an offset into the kv run: row rq's diagonal is key offset rq + diag. Bottom-right
+    # lines up the runs' last tokens whatever their positions; top-left the runs' local coordinates.
+    diag = (klen - qlen) if p["bottom_right"] else (qpb - kpb)
+    if kind == "causal":
+        return zeros, rq + _shift(diag, 1), None
+    if kind == "sliding_window":
+        left, right = p["left"], p["right"]
+        a = zeros if left < 0 else rq + _shift(diag, -left)
+        b = klen if right < 0 else rq + _shift(diag, right + 1)
+        return a, b, None
+    if kind == "prefix_lm":
+        return zeros, jnp.maximum(_shift(-kpb, p["prefix"]), rq + _shift(diag, 1)), None
+    # chunked_causal: the diagonal's local key coordinate, then its chunk's start.
+    chunk = p["chunk"]
+    if p["bottom_right"]:
+        pd = (kpb + (klen - 1)) - ((qlen - 1) - rq)  # the kv run's last position minus the rows to the q run's end
+    else:
+        pd = qpb + rq
+    nonneg = jnp.maximum(pd, 0)
+    chunk_start = nonneg - nonneg % chunk if chunk <= _INT32_MAX else jnp.zeros_like(nonneg)
+    a = chunk_start - kpb
+    b = _shift(nonneg - kpb, 1)
+    return a, b, pd >= 0
+
+
+def _check_grid(who, lead, nq, nkv):
+    """The number of rows in the leading dims; the scatter's flat int32 index must reach every tile."""
+    n = int(np.prod(lead, dtype=np.int64))
+    if n * nq * (nkv + 1) > _INT32_MAX:
+        raise ValueError(f"{who}: {n} rows of {nq} x {nkv} tiles exceed the int32 index of the tile grid")
+    return n
+
+
+def _rows_per_tile(n, nq, nkv, q_block, ranges):
+    """int32 [n, nq, nkv]: per tile, how many (row, range) pairs of its q-block cover its kv-block.
+
+    q_block [n, S]: each row's q-block; ranges: (first, past, ok) per row, kv-block ranges [first, past) with
+    0 <= first and past <= nkv where ok. One scatter of +1 at `first` and -1 at `past` into each q-block's row
+    of kv-blocks, then a cumulative sum over kv-blocks: O(S + #tiles), never [S, blocks].
+    """
+    width = nkv + 1
+    row_base = (lax.broadcasted_iota(jnp.int32, q_block.shape, 0) * nq + q_block) * width
+    idx, upd = [], []
+    for first, past, ok in ranges:
+        weight = ok.astype(jnp.int32)
+        idx += [(row_base + jnp.where(ok, first, 0)).ravel(), (row_base + jnp.where(ok, past, 0)).ravel()]
+        upd += [weight.ravel(), -weight.ravel()]
+    counts = jnp.zeros(n * nq * width, jnp.int32).at[jnp.concatenate(idx)].add(
+        jnp.concatenate(upd), mode="promise_in_bounds")
+    return jnp.cumsum(counts.reshape(n, nq, width)[:, :, :nkv], axis=-1)
+
+
+def block_classes(segment_ids, positions=None, *, kv_segment_ids=None, kv_positions=None, inner=None,
+                  block_size=(128, 128)):
+    """Tile classes of a document mask, from traced segment ids, in ``jax.numpy``.
+
+    Arguments (JAX or NumPy arrays, traced or not):
+      segment_ids     int [*E, S_q] (usually [B, S]): TransformerEngine segment ids, 0 = padding. A non-zero id
+                      forms one contiguous run per row; ids need not start at 1, be dense or be increasing.
+      positions       int, the shape of segment_ids or a trailing part of it (broadcast over the rest), or None:
+                      each token's local coordinate, counting up by one inside a run from a first value >= 0.
+                      Without positions a token's local coordinate is its offset in its run.
+      kv_segment_ids  int [*E, S_kv] (same leading dims), or None for self-attention (the keys are the queries);
+                      q and kv runs with the same id are paired (cross attention, KV caches).
+      kv_positions    as positions, for the keys; only with kv_segment_ids.
+      inner           the mask applied inside each document, in local coordinates (as ``DocumentMask``'s
+                      ``inner``): None (full), ``seqattn.FullMask()``, ``CausalMask(alignment)``,
+                      ``SlidingWindowMask(left, right, alignment)``, ``ChunkedCausalMask(chunk, alignment)`` or
+                      ``PrefixLMMask(prefix, alignment)`` with one int prefix, or a ``PerHeadMask`` of them
+                      (head h uses the h-th). Static.
+      block_size      (block_q, block_kv) or one int for both. Static. The last block of a side may be short.
+
+    Returns int8 [*E, H, ceil(S_q / block_q), ceil(S_kv / block_kv)], H = 1 (one mask for every head) or the
+    PerHeadMask's head count: per (row, head, q-block, kv-block) the ``seqattn.TileClass`` value, 0 empty,
+    1 partial (some but not all pairs allowed), 2 full -- exactly ``seqattn.DocumentMask(segment_ids,
+    positions, inner, kv_segment_ids=..., kv_segment_pos=...).block_mask(block_size=block_size).classes()``
+    on every input the C++ accepts. Heads with equal masks are computed once. Query token i may see key j
+    iff they carry the same non-zero id and the inner mask allows them in local coordinates, the inner mask
+    seeing a run as the first (first position + length) coordinates of its document (so bottom-right
+    alignment lines up the runs' last tokens, as in TE).
+
+    Inputs the C++ rejects (an id in two runs, negative ids or positions, positions that do not count up by
+    one) cannot be detected under jit: their classes are unspecified. With positions only a run's first
+    position is read.
+
+    How: per token, its run (cumulative max / min of the run starts and ends) and, for each query row, the
+    one interval of keys it may see (every supported inner mask allows an interval per row); a tile is
+    non-empty iff some row's interval meets its columns (a +1/-1 scatter per row into its q-block's row of
+    kv-blocks, then a cumulative sum over kv-blocks) and full iff every row's interval covers them (the
+    largest start and smallest end per q-block). Cost O(S + #tiles) time and memory for self-attention;
+    with kv_segment_ids the pairing of q and kv runs by id adds a sort and a binary search per token
+    (O(S log S)). No [S, S] or [S, block] temporary. Sequences must be shorter than 2^29 tokens.
+    """
+    specs = _inner_specs(inner)
+    bq, bkv = _block_size(block_size, "block_classes")
+    q_ids = _as_int32(segment_ids, "segment_ids", "block_classes")
+    if q_ids.ndim < 1:
+        raise ValueError(f"block_classes: segment_ids must have shape (*E, S), got {_shape(q_ids)}")
+    if kv_positions is not None and kv_segment_ids is None:
+        raise ValueError("block_classes: kv_positions given without kv_segment_ids")
+    self_attention = kv_segment_ids is None
+    kv_ids = q_ids if self_attention else _as_int32(kv_segment_ids, "kv_segment_ids", "block_classes")
+    if kv_ids.ndim < 1 or kv_ids.shape[:-1] != q_ids.shape[:-1]:
+        raise ValueError(
+            f"block_classes: segment_ids {_shape(q_ids)} and kv_segment_ids {_shape(kv_ids)} must agree in every "
+            "dim but the last"
+        )
+
+    def positions_of(pos, ids, name, ids_name):
+        if pos is None:
+            return None
+        pos = _as_int32(pos, name, "block_classes")
+        if pos.ndim < 1 or pos.ndim > ids.ndim or ids.shape[ids.ndim - pos.ndim:] != pos.shape:
+            raise ValueError(
+                f"block_classes: {name} of shape {_shape(pos)} must match {ids_name} {_shape(ids)} or a trailing "
+                "part of it"
+            )
+        return jnp.broadcast_to(pos, ids.shape)
+
+    q_pos = positions_of(positions, q_ids, "positions", "segment_ids")
+    kv_pos = q_pos if self_attention else positions_of(kv_positions, kv_ids, "kv_positions", "kv_segment_ids")
+    s_q, s_kv = q_ids.shape[-1], kv_ids.shape[-1]
+    if max(s_q, s_kv) >= _MAX_TOKENS:
+        raise ValueError(f"block_classes: sequences of {s_q} (q) and {s_kv} (kv) tokens; at most {_MAX_TOKENS - 1}")
+    lead = q_ids.shape[:-1]
+    nq, nkv = -(-s_q // bq), -(-s_kv // bkv)
+    heads = len(specs)
+    if s_q == 0 or s_kv == 0:
+        return jnp.zeros(lead + (heads, nq, nkv), jnp.int8)
+
+    n = _check_grid("block_classes", lead, nq, nkv)
+    flat = lambda x: None if x is None else x.reshape(n, x.shape[-1])  # noqa: E731
+    q_ids, kv_ids, q_pos, kv_pos = flat(q_ids), flat(kv_ids), flat(q_pos), flat(kv_pos)
+
+    q_nz, qb, qe, qpb = _runs(q_ids, q_pos)
+    if self_attention:
+        found, kb, ke, kpb = q_nz, qb, qe, qpb
+    else:
+        _, _, kv_e, kv_pb = _runs(kv_ids, kv_pos)
+        found, kb = _match_kv_runs(q_ids, kv_ids)
+        found = found & q_nz
+        ke = jnp.take_along_axis(kv_e, kb, axis=1)
+        kpb = jnp.take_along_axis(kv_pb, kb, axis=1)
+
+    t = lax.broadcasted_iota(jnp.int32, (n, s_q), 1)
+    rq, qlen, klen = t - qb, qe - qb, ke - kb
+    j = jnp.arange(nkv, dtype=jnp.int32)
+    c0 = j * bkv
+    c1 = jnp.minimum(c0 + bkv, s_kv)
+
+    def classes_of(spec):
+        a, b, row_ok = _local_interval(*spec, rq, qlen, qpb, klen, kpb)
+        a = jnp.clip(a, 0, klen)
+        b = jnp.clip(b, 0, klen)
+        sees = found & (a < b)
+        if row_ok is not None:
+            sees = sees & row_ok
+        lo, hi = kb + a, kb + b  # the row's keys [lo, hi), global kv indices
+
+        # Non-empty tiles: the rows reaching each tile, counted from each seeing row's range of kv-blocks.
+        nonempty = _rows_per_tile(n, nq, nkv, t // bq, [(lo // bkv, (hi - 1) // bkv + 1, sees)]) > 0
+
+        # Full tiles: every row of the q-block sees all of the tile's columns. Rows past S_q are neutral.
+        pad = nq * bq - s_q
+        lo_all = jnp.pad(jnp.where(sees, lo, _INT32_MAX), ((0, 0), (0, pad)), constant_values=-1)
+        hi_all = jnp.pad(jnp.where(sees, hi, -1), ((0, 0), (0, pad)), constant_values=_INT32_MAX)
+        max_lo = lo_all.reshape(n, nq, bq).max(axis=-1)
+        min_hi = hi_all.reshape(n, nq, bq).min(axis=-1)
+        full = (max_lo[:, :, None] <= c0) & (min_hi[:, :, None] >= c1)
+        return jnp.where(nonempty, jnp.where(full, 2, 1), 0).astype(jnp.int8)
+
+    # Heads with the same mask share one computation (a head group).
+    distinct = list(dict.fromkeys(specs))
+    per_group = [classes_of(spec) for spec in distinct]
+    classes = jnp.stack([per_group[distinct.index(spec)] for spec in specs], axis=1)
+    return classes.reshape(lead + (heads, nq, nkv))
+
+def multi_item_classes(tokens, delimiter, *, lengths=None, block_size=(128, 128)):
+    """Tile classes of a multi-item scoring mask (sglang-jax), from traced tokens, in ``jax.numpy``.
+
+    Arguments (JAX or NumPy arrays, traced or not):
+      tokens      int [*E, S]: each row one packed request ``query ‖ d ‖ item_1 ‖ d ‖ … ‖ item_n ‖ d``.
+      delimiter   the delimiter token d (an int, or a traced int scalar).
+      lengths     int [*E] or None: the request's length in each row (tokens past it are not read; rows and
+                  keys past it allow nothing); None: S. Traced.
+      block_size  (block_q, block_kv) or one int for both. Static. Keys and queries share S.
+
+    Returns int8 [*E, 1, ceil(S / block_q), ceil(S / block_kv)], TileClass values (0 empty, 1 partial,
+    2 full) -- exactly ``seqattn.MultiItemMask([row[:length] for each row], d).block_mask(block_size=...)
+    .classes()`` (padded with 0 to S's blocks) for rows the C++ accepts: at least two delimiters, the first
+    after a non-empty query and the last at the request's end. With prefix_end = (first delimiter) + 1 and
+    seg_start(q) = 1 + (the last delimiter before q), query q sees key k iff k <= q and (q < prefix_end or
+    k < prefix_end or k >= seg_start(q)) (docs/semantics/multi-item-topk-kascade.md §A.3, TV-A2 included).
+    A row that is not such a request is plain causal over its length (§A.3: not multi-item), where the C++
+    raises.
+
+    How: per row the keys form at most two intervals, [0, prefix_end) and [seg_start(q), q] (one when they
+    touch); a tile is non-empty iff an interval meets it and full iff every row of its q-block has an
+    interval covering it, each counted by one scatter per interval end and a cumulative sum over kv-blocks.
+    O(S + #tiles) time and memory.
+    """
+    bq, bkv = _block_size(block_size, "multi_item_classes")
+    tok = _as_int32(tokens, "tokens", "multi_item_classes")
+    if tok.ndim < 1:
+        raise ValueError(f"multi_item_classes: tokens must have shape (*E, S), got {_shape(tok)}")
+    lead, s = tok.shape[:-1], tok.shape[-1]
+    if s >= _MAX_TOKENS:
+        raise ValueError(f"multi_item_classes: sequences of {s} tokens; at most {_MAX_TOKENS - 1}")
+    if isinstance(delimiter, (int, np.integer)):
+        if not _INT32_MIN <= int(delimiter) <= _INT32_MAX:
+            raise ValueError(f"multi_item_classes: delimiter {int(delimiter)} is outside int32")
+        delim = jnp.int32(int(delimiter))
+    else:
+        delim = _as_int32(delimiter, "delimiter", "multi_item_classes")
+        if delim.shape != ():
+            raise ValueError(f"multi_item_classes: delimiter must be a scalar, got shape {_shape(delim)}")
+    if lengths is None:
+        length = jnp.full(lead, s, jnp.int32)
+    else:
+        length = _as_int32(lengths, "lengths", "multi_item_classes")
+        if length.shape != lead:
+            raise ValueError(
+                f"multi_item_classes: lengths of shape {_shape(length)} must have tokens' leading shape {lead} "
+                f"(tokens {_shape(tok)})"
+            )
+        length = jnp.clip(length, 0, s)
+    nq, nkv = -(-s // bq), -(-s // bkv)
+    if s == 0:
+        return jnp.zeros(lead + (1, nq, nkv), jnp.int8)
+
+    n = _check_grid("multi_item_classes", lead, nq, nkv)
+    tok, length = tok.reshape(n, s), length.reshape(n, 1)
+    t = lax.broadcasted_iota(jnp.int32, (n, s), 1)
+    valid = t < length
+    is_delim = (tok == delim) & valid
+    first_delim = jnp.min(jnp.where(is_delim, t, s), axis=1, keepdims=True)
+    last_delim = jnp.max(jnp.where(is_delim, t, -1), axis=1, keepdims=True)
+    # A request: a non-empty query and a delimiter at the end. (With one delimiter, the C++ rejects the row and
+    # the mask below is causal anyway: prefix_end = length.)
+    multi = (first_delim > 0) & (last_delim == length - 1)
+    prefix_end = jnp.where(multi, first_delim + 1, 0)
+    # seg_start(q) = 1 + the last delimiter strictly before q (0 before the first one: then q < prefix_end).
+    before = jnp.concatenate([jnp.full((n, 1), -1, jnp.int32), jnp.where(is_delim, t, -1)[:, :-1]], axis=1)
+    seg_start = jnp.where(multi, lax.cummax(before, axis=1) + 1, 0)
+    in_prefix = t < prefix_end
+    split = ~in_prefix & (seg_start > prefix_end)  # [0, prefix_end) and [seg_start, q] with a gap between
+    end1 = jnp.where(split, prefix_end, t + 1)  # interval 1: [0, end1)
+    lo2, hi2 = seg_start, t + 1  # interval 2 (split rows only)
+
+    last_block_end = (length - 1) // bkv + 1  # kv-blocks of the request: [0, last_block_end)
+
+    def covered(lo, hi):  # kv-blocks whose keys (up to the request's end) lie inside [lo, hi)
+        first = (lo + bkv - 1) // bkv
+        past = jnp.where(hi >= length, last_block_end, hi // bkv)
+        return first, past
+
+    q_block = t // bq
+    reach = _rows_per_tile(n, nq, nkv, q_block, [
+        (jnp.zeros_like(t), (end1 - 1) // bkv + 1, valid),
+        (lo2 // bkv, (hi2 - 1) // bkv + 1, valid & split),
+    ])
+    f1, p1 = covered(jnp.zeros_like(t), end1)
+    f2, p2 = covered(lo2, hi2)
+    cover = _rows_per_tile(n, nq, nkv, q_block, [(f1, p1, valid & (f1 < p1)), (f2, p2, valid & split & (f2 < p2))])
+    rows = jnp.clip(length - jnp.arange(nq, dtype=jnp.int32) * bq, 0, bq)  # [n, nq]: the q-block's rows
+    full = (cover == rows[:, :, None]) & (rows[:, :, None] > 0)
+    classes = jnp.where(reach > 0, jnp.where(full, 2, 1), 0).astype(jnp.int8)
+    return classes.reshape(lead + (1, nq, nkv))
+
+
+__all__ = ["SUPPORTED_INNER", "block_classes", "multi_item_classes"]

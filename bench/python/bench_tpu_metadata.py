@@ -20,7 +20,6 @@ S elements and a few of #tiles, so it is bound by memory traffic and XLA's per-o
 
 import argparse
 import os
-import platform
 import time
 
 import numpy as np
@@ -31,25 +30,7 @@ import jax.numpy as jnp
 import seqattn
 from seqattn import tpu
 
-
-def best_of(fn, repeat):
-    fn()  # warm: compilation, page faults
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def read_gbps(threads):
-    from concurrent.futures import ThreadPoolExecutor
-
-    x = np.ones(128 * 2**20, np.float32)
-    parts = np.array_split(x, threads)
-    with ThreadPoolExecutor(threads) as pool:
-        t = best_of(lambda: list(pool.map(np.sum, parts)), 3)
-    return x.nbytes / t / 1e9
+from bench_attention import best_of, read_gbps
 
 
 def documents(rng, s, docs):
@@ -60,14 +41,8 @@ def documents(rng, s, docs):
 
 
 def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
 
 
 def main():

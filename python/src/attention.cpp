@@ -369,14 +369,9 @@ void check_handler_mask(const AnyMask& mask, const IdOperands& ids, index_t batc
 void check_attention_call(const std::vector<index_t>& q, const std::vector<index_t>& k, const std::vector<index_t>& v,
                           nb::handle mask, bool segment_ids, float scale, float softcap, std::int64_t threads,
                           bool kv_segment_ids, bool positions, bool kv_positions, bool exact_batch) {
-  static const float probe = 0.0f;  // shape_of looks at shapes only; non-null says "has data"
-  const auto view = [](const Extents& e) {
-    Strides zero;
-    for (int d = 0; d < e.rank(); ++d) zero.push_back(0);
-    return TensorView<const float>(&probe, e, zero);
-  };
   const Extents qe = folded_bshd(q, "q"), ke = folded_bshd(k, "k"), ve = folded_bshd(v, "v");
-  const AttentionShape shape = shape_of(AttentionInputs<float>{view(qe), view(ke), view(ve), nullptr});
+  const AttentionShape shape =
+      shape_of(AttentionInputs<float>{shape_probe(qe), shape_probe(ke), shape_probe(ve), nullptr});
   resolve_threads(threads);
   detail::check_variant(variants::Standard{scale, {softcap}, {}}, shape);
   const PyMask* m = nullptr;

@@ -77,7 +77,11 @@ class MultiItemMask(_core.MultiItemMask):
 
 
 class PrefixLMMask(_core.PrefixLMMask):
-    """Bidirectional over the first ``prefix`` keys, causal after; one int or one length per sequence."""
+    """Bidirectional over the first ``prefix`` keys, causal after; one int or one length per sequence.
+
+    Read-only properties: ``prefix`` (the int, or None when given one length per sequence),
+    ``prefix_lengths`` (the lengths as a list, or None when given one int) and ``alignment``.
+    """
 
     def __init__(self, prefix, alignment="top_left"):
         if not isinstance(prefix, (int, np.integer)):

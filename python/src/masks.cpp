@@ -45,7 +45,9 @@ struct PyDocument : PyMask {};
 struct PyMultiItem : PyMask {};
 struct PyTopK : PyMask {};
 struct PyDense : PyMask {};
-struct PyPerHead : PyMask {};
+struct PyPerHead : PyMask {
+  std::vector<nb::object> masks;  // the Python masks of the heads, as given
+};
 
 using OptIndex = std::optional<index_t>;
 using LengthLists = std::optional<std::pair<std::vector<index_t>, std::vector<index_t>>>;
@@ -63,6 +65,21 @@ Alignment alignment_of(nb::handle h) {
 }
 
 std::string alignment_repr(Alignment a) { return a == Alignment::top_left ? "" : "alignment='bottom_right'"; }
+
+// A read-only property's getter: one field of the description M that a mask
+// class's objects are built with.
+template <class M, class T>
+auto parameter(T M::*field) {
+  return [field](const PyMask& s) -> T {
+    const M* m = s.mask.target<M>();
+    detail::require(m != nullptr, s.repr, ": the mask holds another description than its class builds");
+    return m->*field;
+  };
+}
+
+constexpr const char* kAlignmentDoc =
+    "The constructor's alignment, as seqattn.Alignment: where the diagonal sits when q_len != kv_len (top_left: "
+    "query i's diagonal is key i; bottom_right: key i + kv_len - q_len).";
 
 std::string join(std::initializer_list<std::string> parts) {
   std::string s;
@@ -166,7 +183,11 @@ void bind_mask_base(nb::module_& m) {
                      "q_len (kv_len defaults to q_len, batch to 1) or lengths=(q_lens, kv_lens) for a ragged batch; "
                      "masks built from data (document, top-k, dense, multi-item) default to their own.")
       .def("__repr__", [](const PyMask& s) { return s.repr; })
-      .def_prop_ro("kind", [](const PyMask& s) { return s.kind; })
+      .def_prop_ro(
+          "kind", [](const PyMask& s) { return s.kind; },
+          "What the mask is, as a string: 'full', 'causal', 'sliding_window', 'chunked_causal', 'prefix_lm', "
+          "'document', 'multi_item', 'topk', 'dense' or 'per_head' for the classes of those names; 'and', 'or', "
+          "'not' for compositions; 'custom' for masks made elsewhere.")
       .def_prop_ro("head_invariant", [](const PyMask& s) { return s.mask.invariant_over_heads(); })
       .def_prop_ro("lengths",
                    [](const PyMask& s) -> std::optional<std::pair<std::vector<index_t>, std::vector<index_t>>> {
@@ -486,18 +507,21 @@ void bind_mask_kinds(nb::module_& m) {
     new (self) PyFull{make(FullMask{}, "FullMask()", "full")};
   });
 
-  nb::class_<PyCausal, PyMask>(m, "CausalMask", "kv <= q (+ kv_len - q_len when bottom-right aligned).")
+  nb::class_<PyCausal, PyMask>(m, "CausalMask",
+                               "kv <= q (+ kv_len - q_len when bottom-right aligned). Read-only property: alignment.")
       .def(
           "__init__",
           [](PyCausal* self, nb::handle alignment) {
             const Alignment a = alignment_of(alignment);
             new (self) PyCausal{make(CausalMask{a}, "CausalMask(" + alignment_repr(a) + ")", "causal")};
           },
-          nb::arg("alignment") = "top_left");
+          nb::arg("alignment") = "top_left")
+      .def_prop_ro("alignment", parameter(&CausalMask::alignment), kAlignmentDoc);
 
   nb::class_<PySlidingWindow, PyMask>(m, "SlidingWindowMask",
                                       "Keys in [p - left, p + right] around the diagonal p; a negative side is "
-                                      "unbounded (TE / FlashAttention window_size).")
+                                      "unbounded (TE / FlashAttention window_size). Read-only properties: left, "
+                                      "right, alignment.")
       .def(
           "__init__",
           [](PySlidingWindow* self, index_t left, index_t right, nb::handle alignment) {
@@ -507,10 +531,16 @@ void bind_mask_kinds(nb::module_& m) {
                 "SlidingWindowMask(" + join({std::to_string(left), std::to_string(right), alignment_repr(a)}) + ")",
                 "sliding_window")};
           },
-          nb::arg("left"), nb::arg("right") = 0, nb::arg("alignment") = "top_left");
+          nb::arg("left"), nb::arg("right") = 0, nb::arg("alignment") = "top_left")
+      .def_prop_ro("left", parameter(&SlidingWindowMask::left),
+                   "Keys allowed before the diagonal, as given to the constructor (negative: unbounded).")
+      .def_prop_ro("right", parameter(&SlidingWindowMask::right),
+                   "Keys allowed after the diagonal, as given to the constructor (negative: unbounded).")
+      .def_prop_ro("alignment", parameter(&SlidingWindowMask::alignment), kAlignmentDoc);
 
   nb::class_<PyChunkedCausal, PyMask>(m, "ChunkedCausalMask",
-                                      "Causal within chunks of `chunk` keys (Llama 4, Splash ChunkedCausalMask).")
+                                      "Causal within chunks of `chunk` keys (Llama 4, Splash ChunkedCausalMask). "
+                                      "Read-only properties: chunk, alignment.")
       .def(
           "__init__",
           [](PyChunkedCausal* self, index_t chunk, nb::handle alignment) {
@@ -520,11 +550,15 @@ void bind_mask_kinds(nb::module_& m) {
                 make(ChunkedCausalMask{chunk, a},
                      "ChunkedCausalMask(" + join({std::to_string(chunk), alignment_repr(a)}) + ")", "chunked_causal")};
           },
-          nb::arg("chunk"), nb::arg("alignment") = "top_left");
+          nb::arg("chunk"), nb::arg("alignment") = "top_left")
+      .def_prop_ro("chunk", parameter(&ChunkedCausalMask::chunk),
+                   "The chunk size in keys, as given to the constructor.")
+      .def_prop_ro("alignment", parameter(&ChunkedCausalMask::alignment), kAlignmentDoc);
 
   nb::class_<PyPrefixLM, PyMask>(m, "PrefixLMMask",
                                  "Bidirectional over the first `prefix` keys, causal after; prefix may be one int "
-                                 "or one length per sequence.")
+                                 "or one length per sequence. Read-only properties: prefix, prefix_lengths, "
+                                 "alignment.")
       .def(
           "__init__",
           [](PyPrefixLM* self, nb::handle prefix, nb::handle alignment) {
@@ -548,7 +582,24 @@ void bind_mask_kinds(nb::module_& m) {
                      "PrefixLMMask(" + join({"<" + std::to_string(batch) + " lengths>", alignment_repr(a)}) + ")",
                      "prefix_lm", std::nullopt, std::nullopt, batch)};
           },
-          nb::arg("prefix"), nb::arg("alignment") = "top_left");
+          nb::arg("prefix"), nb::arg("alignment") = "top_left")
+      .def_prop_ro(
+          "prefix",
+          [](const PyPrefixLM& s) -> OptIndex {
+            const auto lengths = parameter(&PrefixLMMask::prefix_lengths)(s);
+            return lengths.empty() ? OptIndex(parameter(&PrefixLMMask::prefix)(s)) : std::nullopt;
+          },
+          "The prefix length when the constructor got one int; None when it got one length per sequence.")
+      .def_prop_ro(
+          "prefix_lengths",
+          [](const PyPrefixLM& s) -> std::optional<std::vector<index_t>> {
+            const auto lengths = parameter(&PrefixLMMask::prefix_lengths)(s);
+            if (lengths.empty()) return std::nullopt;
+            return std::vector<index_t>(lengths.begin(), lengths.end());
+          },
+          "The prefix length of each sequence, as a list, when the constructor got an array; None when it got one "
+          "int.")
+      .def_prop_ro("alignment", parameter(&PrefixLMMask::alignment), kAlignmentDoc);
 
   nb::class_<PyDocument, PyMask>(
       m, "DocumentMask",
@@ -647,11 +698,13 @@ void bind_mask_kinds(nb::module_& m) {
           },
           nb::arg("values"));
 
-  nb::class_<PyPerHead, PyMask>(m, "PerHeadMask", "Head h uses masks[h] (Splash MultiHeadMask).")
+  nb::class_<PyPerHead, PyMask>(m, "PerHeadMask",
+                                "Head h uses masks[h] (Splash MultiHeadMask). Read-only property: masks.")
       .def(
           "__init__",
           [](PyPerHead* self, const nb::sequence& seq) {
             std::vector<const PyMask*> masks;
+            std::vector<nb::object> objects;
             for (nb::handle item : seq) {
               const PyMask* p = nullptr;
               if (!nb::try_cast<const PyMask*>(item, p) || p == nullptr) {
@@ -659,6 +712,7 @@ void bind_mask_kinds(nb::module_& m) {
                                       nb::cast<std::string>(nb::str(item.type())));
               }
               masks.push_back(p);
+              objects.push_back(nb::borrow(item));
             }
             detail::require(!masks.empty(), "PerHeadMask: masks must not be empty");
             auto owned = std::make_shared<std::vector<AnyMask>>();
@@ -672,9 +726,18 @@ void bind_mask_kinds(nb::module_& m) {
             repr += "])";
             const PerHeadMask<AnyMask> mask{std::span<const AnyMask>(*owned)};
             new (self) PyPerHead{make(AnyMask(mask, std::shared_ptr<const void>(owned)), std::move(repr), "per_head",
-                                      lengths, static_cast<index_t>(masks.size()))};
+                                      lengths, static_cast<index_t>(masks.size())),
+                                 std::move(objects)};
           },
-          nb::arg("masks"));
+          nb::arg("masks"))
+      .def_prop_ro(
+          "masks",
+          [](const PyPerHead& s) {
+            nb::list l;
+            for (const nb::object& o : s.masks) l.append(o);
+            return nb::tuple(l);
+          },
+          "The mask of each head, as a tuple of the mask objects given to the constructor.");
 }
 
 }  // namespace

@@ -222,3 +222,56 @@ def test_mask_errors_are_value_errors():
         seqattn.to_dense(np.ones((2, 2)))
     with pytest.raises(ValueError, match="out of range|outside|repeated|>= kv_len|must be"):
         seqattn.TopKMask(np.array([[[0, 5]]]), 4)
+
+
+# ---- read-only parameter properties (what seqattn.tpu reads) -----------------------------------
+
+ALIGNMENTS = [("top_left", seqattn.Alignment.top_left), ("bottom_right", seqattn.Alignment.bottom_right),
+              (seqattn.Alignment.bottom_right, seqattn.Alignment.bottom_right)]
+
+
+@pytest.mark.parametrize("given,alignment", ALIGNMENTS)
+def test_structural_masks_expose_their_constructor_arguments(given, alignment):
+    m = seqattn.CausalMask(given)
+    assert (m.kind, m.alignment) == ("causal", alignment)
+    assert seqattn.CausalMask().alignment == seqattn.Alignment.top_left
+    for left, right in [(5, 2), (-1, 3), (0, -1), (128, 0)]:
+        m = seqattn.SlidingWindowMask(left, right, given)
+        assert (m.kind, m.left, m.right, m.alignment) == ("sliding_window", left, right, alignment)
+    m = seqattn.SlidingWindowMask(7)
+    assert (m.left, m.right, m.alignment) == (7, 0, seqattn.Alignment.top_left)
+    for chunk in [1, 7, 4096]:
+        m = seqattn.ChunkedCausalMask(chunk, given)
+        assert (m.kind, m.chunk, m.alignment) == ("chunked_causal", chunk, alignment)
+    for prefix in [0, 6, 1000]:
+        m = seqattn.PrefixLMMask(prefix, given)
+        assert (m.kind, m.prefix, m.prefix_lengths, m.alignment) == ("prefix_lm", prefix, None, alignment)
+    m = seqattn.PrefixLMMask(np.array([3, 0, 9], np.int32), alignment=given)
+    assert (m.prefix, m.prefix_lengths, m.alignment) == (None, [3, 0, 9], alignment)
+    assert seqattn.FullMask().kind == "full"
+
+
+def test_mask_properties_are_read_only():
+    m = seqattn.SlidingWindowMask(5, 2)
+    for name, value in [("left", 1), ("right", 1), ("alignment", seqattn.Alignment.bottom_right)]:
+        with pytest.raises(AttributeError):
+            setattr(m, name, value)
+    with pytest.raises(AttributeError):
+        seqattn.ChunkedCausalMask(4).chunk = 8
+    with pytest.raises(AttributeError):
+        seqattn.PrefixLMMask(4).prefix = 8
+
+
+def test_per_head_mask_exposes_its_masks():
+    heads = [seqattn.CausalMask("bottom_right"), seqattn.SlidingWindowMask(4, 0), seqattn.ChunkedCausalMask(3),
+             seqattn.PrefixLMMask(2)]
+    m = seqattn.PerHeadMask(heads)
+    assert m.kind == "per_head"
+    assert isinstance(m.masks, tuple) and len(m.masks) == 4
+    assert all(got is want for got, want in zip(m.masks, heads))
+    assert m.masks[1].left == 4 and m.masks[2].chunk == 3 and m.masks[3].prefix == 2
+    assert m.masks[0].alignment == seqattn.Alignment.bottom_right
+    nested = seqattn.PerHeadMask((m, seqattn.FullMask()))
+    assert nested.masks[0].masks[1].left == 4
+    del heads
+    assert m.masks[2].chunk == 3  # the masks live as long as the PerHeadMask

@@ -21,8 +21,9 @@
 // skips every 64x64 tile no row of a q-block selected from; when selections are scattered enough that gathering
 // each q-block's union of keys into its own segment visits a third fewer tiles, they run gathered instead
 // (estimate_path). The indexer itself is O(t s h d) dense work: indexer_topk scores two rows at a time with a
-// Highway kernel and reduces them at once, never holding the [t, s] scores; in fp32 on a CPU it costs about a
-// third of dense attention at 8 heads x 64 dims vs 4 indexer heads x 32 dims (bench/scenarios.cpp).
+// runtime-dispatched Highway kernel (scenarios/kernels.hpp; link seqattn::scenario_kernels) and reduces them at
+// once, never holding the [t, s] scores; in fp32 on a CPU it costs about a third of dense attention at 8 heads x
+// 64 dims vs 4 indexer heads x 32 dims (bench/scenarios.cpp).
 #pragma once
 
 #include <algorithm>
@@ -34,18 +35,13 @@
 #include <span>
 #include <vector>
 
-// clang-format off
-#include "seqattn/core/hwy_config.hpp"  // before any Highway header
-#include <hwy/highway.h>
-// clang-format on
-
 #include "seqattn/core/error.hpp"
-#include "seqattn/core/simd.hpp"
 #include "seqattn/core/tensor.hpp"
 #include "seqattn/masks/concept.hpp"
 #include "seqattn/masks/structural.hpp"
 #include "seqattn/masks/topk.hpp"
 #include "seqattn/scenarios/attend.hpp"
+#include "seqattn/scenarios/kernels.hpp"
 #include "seqattn/scenarios/reference.hpp"
 
 namespace seqattn::scenarios::dsa {
@@ -57,81 +53,6 @@ namespace detail {
 inline Tensor<std::uint8_t> zeros_u8(index_t rows, index_t cols) {
   return Tensor<std::uint8_t>(seqattn::detail::make_extents({rows, cols}), std::uint8_t{0});
 }
-}  // namespace detail
-
-// Highway micro-kernel of index_scores (static dispatch: this translation
-// unit's target). For two rows at a time and keys [0, n):
-//   out[r][j] = sum_h max(sum_c q[r][h][c] kt[c][j], 0) w[r][h]
-// kt is stored in chunks of W = index_chunk_width() keys, [n / W][d][W]
-// (zero-padded), so each chunk's d x W floats are contiguous: a plain
-// [d][s] transpose has a stride of s floats between dimensions, which
-// 4K-aliases in L1 and ran 15x slower.
-// Tile: 2 rows x W keys (2 vectors: 16 keys on AVX2, 32 on AVX-512); per
-// dimension c, 2 key loads feed 4 FMAs. 8 dot accumulators (two sets for
-// even/odd c) + 4 totals + 4 key vectors = 16 registers: all of AVX2's, half
-// of AVX-512's. kt is streamed once per row pair (d x n floats, L2-resident up
-// to n of several thousand). Measured on Zen 4 (EPYC, AVX-512), bench/scenarios.cpp.
-inline namespace SEQATTN_ABI_NAMESPACE {
-inline index_t index_chunk_width() {
-  namespace hn = hwy::HWY_NAMESPACE;
-  return 2 * static_cast<index_t>(hn::Lanes(hn::ScalableTag<float>()));
-}
-
-inline void index_rows_kernel(const float* q, const float* w, index_t h, index_t d, const float* kt, index_t n,
-                              float* out0, float* out1) {
-  namespace hn = hwy::HWY_NAMESPACE;
-  const hn::ScalableTag<float> df;
-  const auto lanes = static_cast<index_t>(hn::Lanes(df));
-  const auto zero = hn::Zero(df);
-  for (index_t j0 = 0; j0 < n; j0 += 2 * lanes) {
-    const float* chunk = kt + j0 * d;  // [d][2 * lanes]
-    auto t00 = zero, t01 = zero, t10 = zero, t11 = zero;
-    for (index_t hh = 0; hh < h; ++hh) {
-      // Two sets of 4 accumulators (even and odd c): 8 independent FMA chains
-      // hide the FMA latency (4 cycles x 2 per cycle); 4 would halve throughput.
-      auto a00 = zero, a01 = zero, a10 = zero, a11 = zero;
-      auto e00 = zero, e01 = zero, e10 = zero, e11 = zero;
-      const float* q0 = q + hh * d;
-      const float* q1 = q + (h + hh) * d;
-      index_t c = 0;
-      for (; c + 2 <= d; c += 2) {
-        const float* kc = chunk + c * 2 * lanes;
-        const auto k0 = hn::LoadU(df, kc);
-        const auto k1 = hn::LoadU(df, kc + lanes);
-        const auto k2 = hn::LoadU(df, kc + 2 * lanes);
-        const auto k3 = hn::LoadU(df, kc + 3 * lanes);
-        a00 = hn::MulAdd(hn::Set(df, q0[c]), k0, a00);
-        a01 = hn::MulAdd(hn::Set(df, q0[c]), k1, a01);
-        a10 = hn::MulAdd(hn::Set(df, q1[c]), k0, a10);
-        a11 = hn::MulAdd(hn::Set(df, q1[c]), k1, a11);
-        e00 = hn::MulAdd(hn::Set(df, q0[c + 1]), k2, e00);
-        e01 = hn::MulAdd(hn::Set(df, q0[c + 1]), k3, e01);
-        e10 = hn::MulAdd(hn::Set(df, q1[c + 1]), k2, e10);
-        e11 = hn::MulAdd(hn::Set(df, q1[c + 1]), k3, e11);
-      }
-      if (c < d) {
-        const float* kc = chunk + c * 2 * lanes;
-        a00 = hn::MulAdd(hn::Set(df, q0[c]), hn::LoadU(df, kc), a00);
-        a01 = hn::MulAdd(hn::Set(df, q0[c]), hn::LoadU(df, kc + lanes), a01);
-        a10 = hn::MulAdd(hn::Set(df, q1[c]), hn::LoadU(df, kc), a10);
-        a11 = hn::MulAdd(hn::Set(df, q1[c]), hn::LoadU(df, kc + lanes), a11);
-      }
-      const auto w0 = hn::Set(df, w[hh]);
-      const auto w1 = hn::Set(df, w[h + hh]);
-      t00 = hn::MulAdd(hn::Max(hn::Add(a00, e00), zero), w0, t00);
-      t01 = hn::MulAdd(hn::Max(hn::Add(a01, e01), zero), w0, t01);
-      t10 = hn::MulAdd(hn::Max(hn::Add(a10, e10), zero), w1, t10);
-      t11 = hn::MulAdd(hn::Max(hn::Add(a11, e11), zero), w1, t11);
-    }
-    hn::StoreU(t00, df, out0 + j0);
-    hn::StoreU(t01, df, out0 + j0 + lanes);
-    hn::StoreU(t10, df, out1 + j0);
-    hn::StoreU(t11, df, out1 + j0 + lanes);
-  }
-}
-}  // namespace SEQATTN_ABI_NAMESPACE
-
-namespace detail {
 
 // Calls row(i, scores) for every row i in order, scores[j] (j < s) being the
 // index score of key j, or -inf where the base mask forbids it. Scores are
@@ -149,8 +70,10 @@ void for_each_index_score_row(TensorView<const float> q, TensorView<const float>
   seqattn::detail::require(w.shape() == seqattn::detail::make_extents({t, h}), "dsa::index_scores: w must have shape ",
                            seqattn::detail::make_extents({t, h}), " (q ", q.shape(), "), got ", w.shape());
   // k is laid out once in zero-padded chunks of W keys, [s / W][d][W], for
-  // the Highway micro-kernel that scores two rows at a time (index_rows_kernel).
-  const index_t width = index_chunk_width();
+  // the Highway micro-kernel that scores two rows at a time
+  // (ScenarioKernels::index_rows, runtime-dispatched: scenarios/kernels.hpp).
+  const dispatch::ScenarioKernels kernels = dispatch::scenario_kernels();
+  const index_t width = kernels.chunk_width;
   const index_t sp = (s + width - 1) / width * width;
   std::vector<float> kt(static_cast<std::size_t>(d * sp), 0.0f);
   for (index_t j = 0; j < s; ++j) {
@@ -177,8 +100,8 @@ void for_each_index_score_row(TensorView<const float> q, TensorView<const float>
         for (index_t c = 0; c < d; ++c) qb[static_cast<std::size_t>((r * h + hh) * d + c)] = q(i, hh, c);
       }
     }
-    index_rows_kernel(qb.data(), wb.data(), h, d, kt.data(), (n + width - 1) / width * width, out.data(),
-                      out.data() + sp);
+    kernels.index_rows(qb.data(), wb.data(), h, d, kt.data(), (n + width - 1) / width * width, out.data(),
+                       out.data() + sp);
     for (index_t r = 0; r < rows; ++r) {
       const index_t i = i0 + r;
       float* scores = out.data() + r * sp;

@@ -16,7 +16,8 @@
 // THD-packed K/V (each KV head holds its own group's keys in the same slots), and the tile's queries attend to
 // that segment with a bottom-right causal mask. Layer 0 stays dense; later anchors use their own selection.
 // The anchor's pooling needs the exact softmax of every causal pair, so an anchor costs about one dense pass on
-// top of its own attention; the savings are in the reuse layers.
+// top of its own attention; the savings are in the reuse layers. It runs runtime-dispatched Highway kernels
+// (scenarios/kernels.hpp; link seqattn::scenario_kernels).
 //
 // Not implemented: the reference's decode / short-input path (Lq <= T: per-query top-k over all keys, reuse
 // layers attend only to the k selected keys; here such a block is one tile with its own causal part) and its
@@ -33,19 +34,12 @@
 #include <utility>
 #include <vector>
 
-// clang-format off
-#include "seqattn/core/hwy_config.hpp"  // before any Highway header
-#include <hwy/highway.h>
-// clang-format on
-// Highway's math library (hwy::Exp); the attention backend includes it the same way.
-#include <hwy/contrib/math/math-inl.h>
-
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/segments.hpp"
-#include "seqattn/core/simd.hpp"
 #include "seqattn/core/tensor.hpp"
 #include "seqattn/masks/structural.hpp"
 #include "seqattn/scenarios/attend.hpp"
+#include "seqattn/scenarios/kernels.hpp"
 #include "seqattn/scenarios/reference.hpp"
 
 namespace seqattn::scenarios::kascade {
@@ -130,65 +124,6 @@ inline Tensor<float> pooled_mass_from_probs(TensorView<const float> probs, index
   return pooled;
 }
 
-// Highway kernels of pooled_mass (static dispatch: this translation unit's
-// target). kt holds one group's keys in chunks of W = pool_chunk_width()
-// keys, [chunks][D][W], zero-padded.
-//   pool_scores_kernel:  p[j] = q . k_j for keys [0, n) (n a multiple of W);
-//     2 vector accumulators, 2 loads + 2 FMAs per dimension: load-bound, but
-//     contiguous (a [D][Lk] transpose 4K-aliases in L1 for Lk = 4096).
-//   pool_softmax_kernel: p <- exp(p - max) over [0, n), then
-//     dst[j] += p[j] / sum for j < before; hwy::Exp keeps the n exps per row
-//     (the anchor's dominant cost when scalar) in SIMD.
-inline namespace SEQATTN_ABI_NAMESPACE {
-inline index_t pool_chunk_width() {
-  namespace hn = hwy::HWY_NAMESPACE;
-  return 2 * static_cast<index_t>(hn::Lanes(hn::ScalableTag<float>()));
-}
-
-inline void pool_scores_kernel(const float* q, index_t d, const float* kt, index_t n, float* p) {
-  namespace hn = hwy::HWY_NAMESPACE;
-  const hn::ScalableTag<float> df;
-  const auto lanes = static_cast<index_t>(hn::Lanes(df));
-  for (index_t j0 = 0; j0 < n; j0 += 2 * lanes) {
-    const float* chunk = kt + j0 * d;
-    auto a0 = hn::Zero(df), a1 = hn::Zero(df);
-    for (index_t c = 0; c < d; ++c) {
-      const auto b = hn::Set(df, q[c]);
-      a0 = hn::MulAdd(b, hn::LoadU(df, chunk + c * 2 * lanes), a0);
-      a1 = hn::MulAdd(b, hn::LoadU(df, chunk + c * 2 * lanes + lanes), a1);
-    }
-    hn::StoreU(a0, df, p + j0);
-    hn::StoreU(a1, df, p + j0 + lanes);
-  }
-}
-
-inline void pool_softmax_kernel(float* p, index_t n, index_t before, float* dst) {
-  namespace hn = hwy::HWY_NAMESPACE;
-  const hn::ScalableTag<float> df;
-  const auto lanes = static_cast<index_t>(hn::Lanes(df));
-  auto vmax = hn::Set(df, -std::numeric_limits<float>::infinity());
-  index_t j = 0;
-  for (; j + lanes <= n; j += lanes) vmax = hn::Max(vmax, hn::LoadU(df, p + j));
-  float m = hn::GetLane(hn::MaxOfLanes(df, vmax));
-  for (; j < n; ++j) m = std::max(m, p[j]);
-  const auto vm = hn::Set(df, m);
-  auto vsum = hn::Zero(df);
-  for (j = 0; j + lanes <= n; j += lanes) {
-    const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, p + j), vm));
-    hn::StoreU(e, df, p + j);
-    vsum = hn::Add(vsum, e);
-  }
-  float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
-  for (; j < n; ++j) sum += (p[j] = std::exp(p[j] - m));
-  const float inv = 1.0f / sum;
-  const auto vinv = hn::Set(df, inv);
-  for (j = 0; j + lanes <= before; j += lanes) {
-    hn::StoreU(hn::MulAdd(hn::LoadU(df, p + j), vinv, hn::LoadU(df, dst + j)), df, dst + j);
-  }
-  for (; j < before; ++j) dst[j] += p[j] * inv;
-}
-}  // namespace SEQATTN_ABI_NAMESPACE
-
 // S[g, t, j] from q [Lq, H, D] and k [Lk, Hkv, D]: the causal softmax is
 // computed one row at a time and never stored.
 inline Tensor<float> pooled_mass(TensorView<const float> q, TensorView<const float> k, float scale, index_t tile) {
@@ -203,8 +138,10 @@ inline Tensor<float> pooled_mass(TensorView<const float> q, TensorView<const flo
   Tensor<float> pooled(seqattn::detail::make_extents({hkv, tl.num_tiles(), lk}));
   // K of each group laid out in zero-padded chunks of W keys, [Hkv][Lk / W][D][W],
   // for the Highway kernels (scores of one head against W keys per step, then
-  // a vectorized exp). This is dense work: the price of an anchor layer.
-  const index_t width = pool_chunk_width();
+  // a vectorized exp; runtime-dispatched: scenarios/kernels.hpp). This is
+  // dense work: the price of an anchor layer.
+  const dispatch::ScenarioKernels kernels = dispatch::scenario_kernels();
+  const index_t width = kernels.chunk_width;
   const index_t lp = (lk + width - 1) / width * width;
   std::vector<float> kt(static_cast<std::size_t>(hkv * d * lp), 0.0f);
   for (index_t j = 0; j < lk; ++j) {
@@ -221,8 +158,8 @@ inline Tensor<float> pooled_mass(TensorView<const float> q, TensorView<const flo
     for (index_t h = 0; h < hq; ++h) {
       const index_t g = h / per;
       for (index_t c = 0; c < d; ++c) qs[static_cast<std::size_t>(c)] = q.data()[(i * hq + h) * d + c] * scale;
-      pool_scores_kernel(qs.data(), d, kt.data() + g * d * lp, (n + width - 1) / width * width, p.data());
-      pool_softmax_kernel(p.data(), n, before, pooled.data() + (g * tl.num_tiles() + tl.tile_of(i)) * lk);
+      kernels.pool_scores(qs.data(), d, kt.data() + g * d * lp, (n + width - 1) / width * width, p.data());
+      kernels.pool_softmax(p.data(), n, before, pooled.data() + (g * tl.num_tiles() + tl.tile_of(i)) * lk);
     }
   }
   return pooled;

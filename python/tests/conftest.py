@@ -1,4 +1,5 @@
 import resource
+import zlib
 
 import numpy as np
 import pytest
@@ -6,8 +7,9 @@ import pytest
 
 @pytest.fixture
 def rng(request):
-    # A fixed seed per test: failures reproduce, and tests stay independent.
-    return np.random.default_rng(abs(hash(request.node.name)) % (2**32))
+    # A fixed seed per test: failures reproduce, and tests stay independent. (Not hash(): Python salts string
+    # hashes per process, so the seed would change from run to run.)
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 def _address_space_bytes():

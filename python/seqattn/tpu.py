@@ -17,7 +17,7 @@ Importing this module imports JAX; ``import seqattn`` does not.
 from __future__ import annotations
 
 import operator
-import re
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,16 +34,9 @@ _INT32_MAX = 2**31 - 1
 _BOUND = 2**30
 _MAX_TOKENS = 2**29
 
-# The inner masks this builder supports, parsed from the mask's repr (the Python
-# mask objects expose their kind but not their parameters).
-_ALIGN = r"(?:, (alignment='bottom_right'))?"
-_PATTERNS = {
-    "full": re.compile(r"FullMask\(\)"),
-    "causal": re.compile(r"CausalMask\((alignment='bottom_right')?\)"),
-    "sliding_window": re.compile(r"SlidingWindowMask\((-?\d+), (-?\d+)" + _ALIGN + r"\)"),
-    "chunked_causal": re.compile(r"ChunkedCausalMask\((\d+)" + _ALIGN + r"\)"),
-    "prefix_lm": re.compile(r"PrefixLMMask\((\d+)" + _ALIGN + r"\)"),
-}
+# The inner masks this builder supports and the parameters each one's interval needs (mask properties).
+_PARAMS = {"full": (), "causal": (), "sliding_window": ("left", "right"), "chunked_causal": ("chunk",),
+           "prefix_lm": ("prefix",)}
 
 SUPPORTED_INNER = (
     "FullMask, CausalMask, SlidingWindowMask, ChunkedCausalMask and PrefixLMMask with one int prefix, "
@@ -51,32 +44,19 @@ SUPPORTED_INNER = (
 )
 
 
-_NAMES = {"FullMask": "full", "CausalMask": "causal", "SlidingWindowMask": "sliding_window",
-          "ChunkedCausalMask": "chunked_causal", "PrefixLMMask": "prefix_lm"}
-_ITEM = re.compile(r"(?:" + "|".join(_NAMES) + r")\([^()]*\)")
-
-
-def _spec_of(kind, text, what):
-    """(kind, params) from the repr of one structural mask; ValueError naming `what` otherwise."""
-    pattern = _PATTERNS.get(kind)
-    m = pattern.fullmatch(text) if pattern is not None else None
-    if m is None:
+def _spec_of(mask, what):
+    """(kind, params) of one structural mask; ValueError naming `what` otherwise."""
+    kind = mask.kind if isinstance(mask, _core.Mask) else None
+    if kind not in _PARAMS or (kind == "prefix_lm" and mask.prefix is None):
         extra = " (a prefix length per sequence is not supported yet)" if kind == "prefix_lm" else ""
         raise ValueError(
-            f"block_classes: {what}={text} (kind {kind!r}) is not supported{extra}; supported: {SUPPORTED_INNER}, "
+            f"block_classes: {what}={mask!r} (kind {kind!r}) is not supported{extra}; supported: {SUPPORTED_INNER}, "
             "or a PerHeadMask of them"
         )
-    g = m.groups()
-    bottom_right = g[-1] is not None if g else False
-    if kind == "full":
-        return kind, ()
-    if kind == "causal":
-        return kind, (("bottom_right", bottom_right),)
-    if kind == "sliding_window":
-        return kind, (("left", int(g[0])), ("right", int(g[1])), ("bottom_right", bottom_right))
-    if kind == "chunked_causal":
-        return kind, (("chunk", int(g[0])), ("bottom_right", bottom_right))
-    return kind, (("prefix", int(g[0])), ("bottom_right", bottom_right))
+    params = tuple((name, int(getattr(mask, name))) for name in _PARAMS[kind])
+    if kind != "full":
+        params += (("bottom_right", mask.alignment == _core.Alignment.bottom_right),)
+    return kind, params
 
 
 def _inner_specs(inner):
@@ -85,17 +65,9 @@ def _inner_specs(inner):
         return (("full", ()),)
     if not isinstance(inner, _core.Mask):
         raise ValueError(f"block_classes: inner must be a seqattn mask or None, got {type(inner).__name__}")
-    text = repr(inner)
     if inner.kind != "per_head":
-        return (_spec_of(inner.kind, text, "inner"),)
-    body = text[len("PerHeadMask(["):-len("])")] if text.startswith("PerHeadMask([") and text.endswith("])") else ""
-    items = _ITEM.findall(body)
-    if not items or ", ".join(items) != body:
-        raise ValueError(
-            f"block_classes: inner={text} is not supported: a PerHeadMask's masks must each be one of "
-            f"{SUPPORTED_INNER}"
-        )
-    return tuple(_spec_of(_NAMES[item[:item.index("(")]], item, f"inner's head {h}") for h, item in enumerate(items))
+        return (_spec_of(inner, "inner"),)
+    return tuple(_spec_of(m, f"inner's head {h}") for h, m in enumerate(inner.masks))
 
 
 def _shape(x):
@@ -464,4 +436,386 @@ def multi_item_classes(tokens, delimiter, *, lengths=None, block_size=(128, 128)
     return classes.reshape(lead + (1, nq, nkv))
 
 
-__all__ = ["SUPPORTED_INNER", "block_classes", "multi_item_classes"]
+
+
+# --- Splash fed by traced metadata -------------------------------------------------------------------------------
+
+# Inner masks whose element mask in a document equals the static mask in global coordinates (self-attention:
+# a pair in one run has q_local - k_local = q - k, and both runs have the same length), so Splash's static
+# mask and its segment-id operand together mask the partial tiles exactly.
+_SHIFT_INVARIANT = ("full", "causal", "sliding_window")
+
+
+def _next_active(active, coord):
+    """For each step of an iteration order, ``coord`` of the first active step at or after it.
+
+    After the last active step the order wraps to the first one; with no active step every entry is 0. This is
+    the rule of Splash's ``_process_mask`` for ``data_next`` and ``mask_next``: a skipped grid step names the
+    block the next computing step needs, so the pipeline fetches it early and never fetches in between.
+    active: bool [N]; coord: int32 [N]. O(N).
+    """
+    n = active.shape[0]
+    step = jnp.arange(n, dtype=jnp.int32)
+    nxt = lax.cummin(jnp.where(active, step, n), axis=0, reverse=True)
+    first = nxt[0]
+    nxt = jnp.where(nxt == n, first, nxt)
+    return jnp.where(first == n, 0, coord[jnp.minimum(nxt, n - 1)])
+
+
+def _small_int(bound):
+    """Splash's scalar-memory dtype for values in [0, bound] (its downcast_smem_data rule)."""
+    if bound <= np.iinfo(np.int8).max:
+        return jnp.int8
+    return jnp.int16 if bound <= np.iinfo(np.int16).max else jnp.int32
+
+
+def _static_blocks(static):
+    """The static MaskInfo's partial blocks with an all-ones block appended (its index is the old count)."""
+    if static.partial_mask_blocks is None:
+        return None
+    blocks = np.asarray(static.partial_mask_blocks, dtype=np.bool_)
+    return np.concatenate([blocks, np.ones((1,) + blocks.shape[1:], np.bool_)])
+
+
+def _traced_mask_info(classes, static, *, is_dkv, downcast):
+    """One example's (data_next, mask_next, block_mask) from its tile classes and the static mask's MaskInfo.
+
+    classes: int8 [Hm, nq, nkv], the document mask's TileClass values (a subset of the static mask's tiles);
+    the static MaskInfo has the same grid (not shrunk). A tile the static mask has partial keeps its partial
+    block; a tile the static mask has full but the documents cut gets the all-ones block ``_static_blocks``
+    appends (the segment-id operand masks it).
+    """
+    heads, nq, nkv = classes.shape
+    cls = classes.astype(jnp.int32)
+    has_blocks = static.partial_mask_blocks is not None
+    if has_blocks:
+        ones = int(np.shape(static.partial_mask_blocks)[0])
+        own = np.broadcast_to(np.asarray(static.mask_next, np.int32), (heads, nq, nkv))
+        static_partial = np.broadcast_to(np.asarray(static.block_mask) == 1, (heads, nq, nkv))
+        block_of = jnp.asarray(np.where(static_partial, own, ones).astype(np.int32))
+
+    # Splash's iteration order: (head, q-block, kv-block) forward, (kv-block, head, q-block) for dK/dV, whose
+    # data_next holds q-block indices.
+    order = (2, 0, 1) if is_dkv else (0, 1, 2)
+    back = tuple(int(a) for a in np.argsort(order))
+    grid = tuple((heads, nq, nkv)[a] for a in order)
+    data_coord = lax.broadcasted_iota(jnp.int32, (heads, nq, nkv), 1 if is_dkv else 2)
+    in_order = lambda x: jnp.transpose(x, order).reshape(-1)  # noqa: E731
+    from_order = lambda x: jnp.transpose(x.reshape(grid), back)  # noqa: E731
+
+    data_next = from_order(_next_active(in_order(cls > 0), in_order(data_coord)))
+    mask_next = from_order(_next_active(in_order(cls == 1), in_order(block_of))) if has_blocks else None
+    block_mask = cls
+    if downcast:
+        block_mask = block_mask.astype(jnp.int8)
+        data_next = data_next.astype(_small_int(nq if is_dkv else nkv))
+        if has_blocks:
+            mask_next = mask_next.astype(_small_int(ones))
+    return data_next, mask_next, block_mask
+
+
+@jax.tree_util.register_pytree_node_class
+class SplashMetadata(NamedTuple):
+    """Splash's MaskInfos for a batch of documents, built under jit by ``splash_mask_info``.
+
+    ``forward``, ``dq`` and ``dkv`` are JAX ``MaskInfo``s whose ``data_next``, ``mask_next`` and ``block_mask``
+    carry a leading batch dim ([B, H, q-blocks, kv-blocks]) and whose ``partial_mask_blocks`` and ``q_sequence``
+    are the static mask's (shared by every row); ``dq`` is None with the fused backward kernel.
+    ``mask_function`` is the static Splash mask's callable or None. A pytree (``mask_function`` is static), so
+    it can be returned from and passed into jitted functions.
+    """
+
+    forward: Any
+    dq: Any
+    dkv: Any
+    mask_function: Any
+
+    def tree_flatten(self):
+        return (self.forward, self.dq, self.dkv), self.mask_function
+
+    @classmethod
+    def tree_unflatten(cls, mask_function, children):
+        return cls(*children, mask_function)
+
+
+def _splash_setup(mask, block_sizes, who):
+    """(specs, block_sizes, mask) after checking the mask is one Splash can pair with segment ids exactly."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+    if mask is None:
+        mask = _core.FullMask()
+    specs = _inner_specs(mask)
+    for h, (kind, _) in enumerate(specs):
+        if kind not in _SHIFT_INVARIANT:
+            where = f" (head {h})" if len(specs) > 1 else ""
+            raise ValueError(
+                f"{who}: mask={mask!r}{where}: a {kind} mask is applied in each document's own coordinates, which "
+                "Splash's static mask (global coordinates) cannot express; supported: FullMask, CausalMask, "
+                "SlidingWindowMask (either alignment) or a PerHeadMask of them"
+            )
+    if block_sizes is None:
+        block_sizes = sk.BlockSizes.get_default()
+    return specs, block_sizes, mask
+
+
+def _static_info(mask, block_shape, is_dkv, s, heads, downcast):
+    from .splash import process_mask
+
+    return process_mask(mask, block_shape, is_dkv, q_len=s, kv_len=s, heads=heads, downcast_smem_data=downcast,
+                        shrink_grid=False)
+
+
+def _padding_diagonal_tiles(ids, bq, bkv):
+    """bool [B, nq, nkv]: the tiles holding a padding token's own (q, kv) pair.
+
+    Splash gives a row of a q-block whose tiles are all skipped 0/0 and a log-sum-exp of -inf. The dQ and
+    dK/dV passes may use other block sizes than the forward pass, so they may visit such a row (inside a larger
+    q-block) and compute exp(s - lse) = inf, times a zero cotangent: NaN in dK and dV. Visiting, in the forward
+    pass, the tile of each padding token's own pair gives every padding row a finite log-sum-exp (the segment-id
+    operand lets padding see padding); those rows' outputs are set to 0 afterwards.
+    """
+    n, s = ids.shape
+    nq, nkv = s // bq, s // bkv
+    t = jnp.arange(s, dtype=jnp.int32)
+    tile = (lax.broadcasted_iota(jnp.int32, (n, s), 0) * nq + t // bq) * nkv + t // bkv
+    hits = jnp.zeros(n * nq * nkv, jnp.int32).at[tile.ravel()].add((ids == 0).astype(jnp.int32).ravel(),
+                                                                   mode="promise_in_bounds")
+    return (hits > 0).reshape(n, nq, nkv)
+
+
+def splash_mask_info(segment_ids, positions=None, *, mask=None, block_sizes=None, downcast_smem_data=True):
+    """Splash's forward, dQ and dK/dV MaskInfos of packed documents, from traced segment ids, under jit.
+
+    segment_ids  int [B, S] (TransformerEngine ids, 0 = padding; as ``block_classes``), self-attention.
+    positions    as ``block_classes`` (optional; they do not change these masks).
+    mask         the mask inside each document (static): ``FullMask()`` (None), ``CausalMask``,
+                 ``SlidingWindowMask`` or a ``PerHeadMask`` of them. In one document these equal the same mask
+                 over the whole sequence, which is what lets Splash's static mask plus its segment-id operand
+                 mask the partial tiles; chunked-causal and prefix-LM masks are refused.
+    block_sizes  Splash ``BlockSizes`` (default: Splash's); S must be a multiple of every block size.
+
+    Per row, the tiles the documents leave empty are skipped (``block_mask`` 0) and ``data_next`` /
+    ``mask_next`` name the next computing tile, as Splash's ``_process_mask`` would for that row's dense mask
+    (without grid shrinking, whose shapes would depend on the values); tiles wholly inside one document keep
+    the static mask's class. In the forward MaskInfo a padding token's own tile is also visited (see
+    ``_padding_diagonal_tiles``). O(S + #tiles) per row, no [S, S] temporary.
+    """
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
+
+    specs, block_sizes, mask = _splash_setup(mask, block_sizes, "splash_mask_info")
+    ids = _as_int32(segment_ids, "segment_ids", "splash_mask_info")
+    if ids.ndim != 2:
+        raise ValueError(f"splash_mask_info: segment_ids must have shape (B, S), got {_shape(ids)}")
+    s, heads = ids.shape[1], len(specs)
+    shapes = [("forward", (block_sizes.block_q, block_sizes.block_kv), False)]
+    if block_sizes.has_backward_blocks:
+        if not block_sizes.use_fused_bwd_kernel:
+            shapes.append(("dq", (block_sizes.block_q_dq, block_sizes.block_kv_dq), False))
+        shapes.append(("dkv", (block_sizes.block_q_dkv, block_sizes.block_kv_dkv), True))
+    for name, (bq, bkv), _ in shapes:
+        if s % bq or s % bkv:
+            raise ValueError(
+                f"splash_mask_info: the sequence length {s} (segment_ids {_shape(ids)}) must be a multiple of the "
+                f"{name} block sizes ({bq}, {bkv}) (Splash has no short blocks)"
+            )
+    infos, fn = {}, None
+    for name, (bq, bkv), is_dkv in shapes:
+        static, f = _static_info(mask, (bq, bkv), is_dkv, s, heads, downcast_smem_data)
+        fn = f if name == "forward" else fn
+        classes = block_classes(ids, positions, inner=mask, block_size=(bq, bkv))
+        if name == "forward":
+            extra = (classes == 0) & _padding_diagonal_tiles(ids, bq, bkv)[:, None]
+            classes = jnp.where(extra, jnp.int8(1), classes)
+        data_next, mask_next, block_mask = jax.vmap(
+            lambda c, static=static, is_dkv=is_dkv: _traced_mask_info(c, static, is_dkv=is_dkv,
+                                                                      downcast=downcast_smem_data))(classes)
+        blocks = _static_blocks(static)
+        infos[name] = mi.MaskInfo(
+            data_next=data_next, mask_next=mask_next, block_mask=block_mask,
+            partial_mask_blocks=None if blocks is None else jnp.asarray(blocks),
+            q_sequence=None if static.q_sequence is None else jnp.asarray(static.q_sequence))
+    return SplashMetadata(infos["forward"], infos.get("dq"), infos.get("dkv"), fn)
+
+
+def _info_axes(info):
+    """vmap axes of a batched MaskInfo (either layout): per-row index arrays on axis 0, static leaves shared."""
+    if info is None:
+        return None
+    shared = ("partial_mask_blocks", "q_sequence", "is_dynamic_mask")
+    return type(info)(**{f: None if f in shared or getattr(info, f) is None else 0 for f in info._fields})
+
+
+def _tokamax_traced_info(classes, static, blocks, *, is_dkv, dynamic_grid):
+    """One row's tokamax MaskInfo from its tile classes [nq, nkv] and the static mask's.
+
+    ``static``: the static mask's tokamax MaskInfo on the dense grid (``splash.tokamax_mask_info`` with
+    ``return_dynamic_grid=False``); ``blocks``: its partial tiles with an all-ones tile appended (None when it
+    has none). With ``dynamic_grid`` the visited tiles are listed in tokamax's order with
+    ``jnp.nonzero(size=#tiles)``: the lists have a static length, ``num_active_blocks`` says how much of it the
+    kernel's grid runs. Without it, ``block_mask`` and ``mask_next`` cover every tile of the (transposed for
+    dK/dV) grid, as tokamax's dense grid has them.
+    """
+    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask_info as tmi
+
+    grid = (classes.T if is_dkv else classes).astype(jnp.int32)
+    n = grid.size
+    if dynamic_grid:
+        visited = grid > 0
+        if is_dkv:  # a kv-block no query sees is visited once, at column 0, so its zero gradient is written
+            visited = visited.at[:, 0].set(visited[:, 0] | ~visited.any(axis=1))
+        rows, cols = jnp.nonzero(visited, size=n, fill_value=-1)
+        count = visited.sum(dtype=jnp.int32)
+        live = jnp.arange(n, dtype=jnp.int32) < count
+        r, c = jnp.where(live, rows, 0), jnp.where(live, cols, 0)
+        block_mask = jnp.where(live, grid[r, c], 0)
+    else:
+        live = jnp.ones(n, bool)
+        r, c = jnp.divmod(jnp.arange(n, dtype=jnp.int32), grid.shape[1])
+        block_mask = grid.ravel()
+    mask_next = None
+    if blocks is not None:
+        shape = grid.shape
+        static_classes = np.asarray(static.block_mask, np.int32).reshape(shape)
+        own = np.asarray(static.mask_next, np.int32).reshape(shape)
+        block_of = jnp.asarray(np.where(static_classes == 1, own, blocks.shape[0] - 1).astype(np.int32))
+        mask_next = _next_active(live & (block_mask == 1), block_of[r, c]).astype(jnp.int32)
+    lists = dict(active_rows=rows.astype(jnp.int32), active_cols=cols.astype(jnp.int32),
+                 num_active_blocks=count[None]) if dynamic_grid else dict(active_rows=None, active_cols=None,
+                                                                           num_active_blocks=None)
+    return tmi.MaskInfo(mask_next=mask_next, block_mask=block_mask.astype(jnp.int8), partial_mask_blocks=None,
+                        q_sequence=None, **lists)
+
+
+def tokamax_mask_info(segment_ids, positions=None, *, mask=None, config=None):
+    """tokamax's forward and dK/dV MaskInfos of packed documents (dynamic grid), from traced ids, under jit.
+
+    As ``splash_mask_info`` (same ``segment_ids``, ``positions``, ``mask`` rules; one mask for every head), in
+    tokamax's layout (docs/semantics/splash-and-flex.md §12): the forward pass on the active-tile grid (per row
+    ``active_rows`` / ``active_cols`` list the tiles the documents reach, static length #tiles,
+    ``num_active_blocks`` of them used; ``block_mask`` and ``mask_next`` per listed tile), the dK/dV pass on the
+    dense grid unless ``config.dq_reduction_steps`` is 3 -- as tokamax's ``make_splash_mha`` builds them.
+    ``config``: a tokamax ``SplashConfig`` (default: tokamax's). Returns a ``SplashMetadata`` with ``dq`` None.
+    """
+    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as tk
+
+    from .splash import tokamax_mask_info as static_info
+
+    specs, _, mask = _splash_setup(mask, None, "tokamax_mask_info")
+    if len(specs) != 1:
+        raise ValueError(f"tokamax_mask_info: tokamax has one mask for every head, but {mask!r} has {len(specs)}")
+    config = config or tk.SplashConfig.get_default()
+    ids = _as_int32(segment_ids, "segment_ids", "tokamax_mask_info")
+    if ids.ndim != 2:
+        raise ValueError(f"tokamax_mask_info: segment_ids must have shape (B, S), got {_shape(ids)}")
+    s = ids.shape[1]
+    passes = [("forward", (config.block_q, config.block_kv), False)]
+    if config.has_backward_blocks:
+        passes.append(("dkv", (config.block_q_dkv, config.block_kv_dkv), True))
+    infos, fn = {}, None
+    for name, (bq, bkv), is_dkv in passes:
+        if s % bq or s % bkv:
+            raise ValueError(
+                f"tokamax_mask_info: the sequence length {s} (segment_ids {_shape(ids)}) must be a multiple of the "
+                f"{name} block sizes ({bq}, {bkv})"
+            )
+        static, f = static_info(mask, (bq, bkv), is_dkv, q_len=s, kv_len=s, downcast_smem_data=False,
+                                return_dynamic_grid=False)
+        fn = f if name == "forward" else fn
+        blocks = _static_blocks(static) if static.block_mask is not None else None
+        classes = block_classes(ids, positions, inner=mask, block_size=(bq, bkv))[:, 0]
+        if name == "forward":
+            classes = jnp.where((classes == 0) & _padding_diagonal_tiles(ids, bq, bkv), jnp.int8(1), classes)
+        dynamic = not is_dkv or config.dq_reduction_steps == 3
+        info = jax.vmap(lambda c, static=static, blocks=blocks, is_dkv=is_dkv, dynamic=dynamic: _tokamax_traced_info(
+            c, static, blocks, is_dkv=is_dkv, dynamic_grid=dynamic))(classes)
+        infos[name] = info._replace(
+            partial_mask_blocks=None if blocks is None else jnp.asarray(blocks.astype(np.int8)),
+            q_sequence=None if static.q_sequence is None else jnp.asarray(static.q_sequence))
+    return SplashMetadata(infos["forward"], None, infos.get("dkv"), fn)
+
+
+def splash_attention(q, k, v, segment_ids, positions=None, *, mask=None, block_sizes=None, sinks=None,
+                     attn_logits_soft_cap=None, mask_value=None, downcast_smem_data=True, interpret=False,
+                     metadata=None, implementation="jax"):
+    """Splash attention over packed documents whose block metadata is built from traced ids, under jit.
+
+    q [B, Hq, S, D], k and v [B, Hkv, S, D] (Hq a multiple of Hkv: GQA/MQA without copies), segment_ids int
+    [B, S] (0 = padding), all traceable; ``mask`` the static mask inside each document (as
+    ``splash_mask_info``); ``sinks`` [Hq] optional. Like Splash, q is not scaled: pass q * scale.
+
+    Each row gets its own MaskInfo (``splash_mask_info``; pass ``metadata=`` to reuse one built earlier), so
+    Splash skips the tiles between documents (no compute, no new DMA) while the segment ids, passed to Splash
+    as its operand, mask the pairs inside the tiles that cross a document boundary. Rows of padding (id 0) give
+    0 and pass no gradient (Splash alone lets them attend to the padding keys of the tiles it visits: their
+    outputs are replaced, and their zero cotangent carries nothing into dQ, dK or dV). Runs on TPU, or in
+    Pallas interpret mode with ``interpret=True``; ``jax.grad`` goes through Splash's dQ and dK/dV kernels with
+    the same per-row metadata.
+
+    ``implementation="tokamax"`` runs tokamax's Splash ("Splash 2.0") instead, on ``tokamax_mask_info``'s
+    metadata (its forward grid runs over the listed tiles only); ``block_sizes`` is then a tokamax
+    ``SplashConfig``, the mask one mask for every head.
+    """
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+    if implementation not in ("jax", "tokamax"):
+        raise ValueError(f"splash_attention: implementation must be 'jax' or 'tokamax', got {implementation!r}")
+    tokamax = implementation == "tokamax"
+    user_config = block_sizes if tokamax else None
+    _, block_sizes, mask = _splash_setup(mask, None if tokamax else block_sizes, "splash_attention")
+    ids = _as_int32(segment_ids, "segment_ids", "splash_attention")
+    shapes = {"q": _shape(q), "k": _shape(k), "v": _shape(v), "segment_ids": _shape(ids)}
+    if len(shapes["q"]) != 4 or len(shapes["k"]) != 4 or len(shapes["v"]) != 4:
+        raise ValueError(f"splash_attention: q, k and v must be [B, H, S, D], got {shapes}")
+    b, hq, s, _ = shapes["q"]
+    hkv = shapes["k"][1]
+    if (shapes["k"][0] != b or shapes["v"][:3] != shapes["k"][:3] or shapes["k"][2] != s
+            or shapes["k"][3] != shapes["q"][3] or ids.shape != (b, s)):
+        raise ValueError(
+            f"splash_attention: expected q [B, Hq, S, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv] and segment_ids "
+            f"[B, S] (self-attention), got {shapes}"
+        )
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"splash_attention: q's {hq} heads must be a multiple of k's {hkv} heads ({shapes})")
+    heads = len(_inner_specs(mask))
+    if heads not in (1, hq):
+        raise ValueError(f"splash_attention: mask={mask!r} has {heads} heads; q has {hq}")
+    if tokamax:
+        import dataclasses
+
+        from tokamax._src.ops.experimental.tpu.splash_attention import base as tbase
+        from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as tk
+
+        config = dataclasses.replace(user_config or tk.SplashConfig.get_default(),
+                                     interpret=interpret or (user_config is not None and user_config.interpret))
+        if attn_logits_soft_cap is not None:
+            config = dataclasses.replace(config, attn_logits_soft_cap=attn_logits_soft_cap)
+        if metadata is None:
+            metadata = tokamax_mask_info(ids, positions, mask=mask, config=config)
+
+        def one_row(fwd, dq, dkv, q, k, v, ids):
+            del dq
+            kernel = tk.SplashAttentionKernel(
+                fwd, dkv, config=config, is_mqa=False, save_residuals=False,
+                mask_value=tbase.DEFAULT_MASK_VALUE if mask_value is None else mask_value,
+                mask_function=metadata.mask_function, fwd_mask_sparsity=1.0, dkv_mask_sparsity=1.0)
+            return kernel(q, k, v, segment_ids=tbase.SegmentIds(ids, ids), sinks=sinks)
+    elif metadata is None:
+        metadata = splash_mask_info(ids, positions, mask=mask, block_sizes=block_sizes,
+                                    downcast_smem_data=downcast_smem_data)
+
+    def splash_row(fwd, dq, dkv, q, k, v, ids):
+        kernel = sk.SplashAttentionKernel(
+            fwd, dq, dkv, block_sizes=block_sizes, is_mqa=False, save_residuals=False,
+            mask_value=sk.DEFAULT_MASK_VALUE if mask_value is None else mask_value,
+            attn_logits_soft_cap=attn_logits_soft_cap, residual_checkpoint_name=None,
+            mask_function=metadata.mask_function, interpret=interpret)
+        return kernel(q, k, v, segment_ids=sk.SegmentIds(ids, ids), sinks=sinks)
+
+    out = jax.vmap(one_row if tokamax else splash_row, in_axes=(_info_axes(metadata.forward), _info_axes(metadata.dq),
+                                     _info_axes(metadata.dkv), 0, 0, 0, 0))(
+        metadata.forward, metadata.dq, metadata.dkv, q, k, v, ids)
+    return jnp.where((ids != 0)[:, None, :, None], out, jnp.zeros((), out.dtype))
+
+
+__all__ = ["SUPPORTED_INNER", "SplashMetadata", "block_classes", "multi_item_classes", "splash_attention",
+           "splash_mask_info", "tokamax_mask_info"]

@@ -20,7 +20,6 @@ S elements and a few of #tiles, so it is bound by memory traffic and XLA's per-o
 
 import argparse
 import os
-import time
 
 import numpy as np
 
@@ -45,19 +44,29 @@ def cpu_name():
         return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def metadata_arguments(doc):
+    """The options the metadata benchmarks share."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sizes", default="8192,32768,131072")
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--docs", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
-    args = ap.parse_args()
-    rng = np.random.default_rng(1)
+    return ap
+
+
+def print_machine(args, extra=""):
+    """The machine, the versions and the run's memory-read limit, measured now."""
     read1, read_n = read_gbps(1), read_gbps(args.threads)
-    print(f"{cpu_name()}, {os.cpu_count()} CPUs; jax {jax.__version__} on {jax.devices()[0].platform}; "
+    print(f"{cpu_name()}, {os.cpu_count()} CPUs; jax {jax.__version__} on {jax.devices()[0].platform}{extra}; "
           f"blocks {args.block} x {args.block}, {args.docs} documents per row")
     print(f"limit: NumPy streaming read {read1:.1f} GB/s on 1 thread, {read_n:.1f} GB/s on {args.threads}\n")
+
+
+def main():
+    args = metadata_arguments(__doc__).parse_args()
+    rng = np.random.default_rng(1)
+    print_machine(args)
     print("| S | mask | tiles | ms per call | ms per 32k tokens | C++ host BlockMask ms |")
     print("|---|---|---|---|---|---|")
     cases = [

@@ -618,11 +618,13 @@ def splash_mask_info(segment_ids, positions=None, *, mask=None, block_sizes=None
                 f"splash_mask_info: the sequence length {s} (segment_ids {_shape(ids)}) must be a multiple of the "
                 f"{name} block sizes ({bq}, {bkv}) (Splash has no short blocks)"
             )
-    infos, fn = {}, None
+    infos, fn, classes_of = {}, None, {}
     for name, (bq, bkv), is_dkv in shapes:
         static, f = _static_info(mask, (bq, bkv), is_dkv, s, heads, downcast_smem_data)
         fn = f if name == "forward" else fn
-        classes = block_classes(ids, positions, inner=mask, block_size=(bq, bkv))
+        if (bq, bkv) not in classes_of:  # passes with equal block sizes share their classes
+            classes_of[bq, bkv] = block_classes(ids, positions, inner=mask, block_size=(bq, bkv))
+        classes = classes_of[bq, bkv]
         if name == "forward":
             extra = (classes == 0) & _padding_diagonal_tiles(ids, bq, bkv)[:, None]
             classes = jnp.where(extra, jnp.int8(1), classes)
@@ -711,7 +713,7 @@ def tokamax_mask_info(segment_ids, positions=None, *, mask=None, config=None):
     passes = [("forward", (config.block_q, config.block_kv), False)]
     if config.has_backward_blocks:
         passes.append(("dkv", (config.block_q_dkv, config.block_kv_dkv), True))
-    infos, fn = {}, None
+    infos, fn, classes_of = {}, None, {}
     for name, (bq, bkv), is_dkv in passes:
         if s % bq or s % bkv:
             raise ValueError(
@@ -722,7 +724,9 @@ def tokamax_mask_info(segment_ids, positions=None, *, mask=None, config=None):
                                 return_dynamic_grid=False)
         fn = f if name == "forward" else fn
         blocks = _static_blocks(static) if static.block_mask is not None else None
-        classes = block_classes(ids, positions, inner=mask, block_size=(bq, bkv))[:, 0]
+        if (bq, bkv) not in classes_of:
+            classes_of[bq, bkv] = block_classes(ids, positions, inner=mask, block_size=(bq, bkv))[:, 0]
+        classes = classes_of[bq, bkv]
         if name == "forward":
             classes = jnp.where((classes == 0) & _padding_diagonal_tiles(ids, bq, bkv), jnp.int8(1), classes)
         dynamic = not is_dkv or config.dq_reduction_steps == 3

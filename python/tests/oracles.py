@@ -94,6 +94,18 @@ def random_segments(rng, batch, t, max_segments, gaps=True, shift_pos=True):
 
 # ---- masks: predicates evaluated on index grids ----
 
+def document_pattern(rng, n):
+    """[n] ids 1, 2, ... of consecutive documents of random lengths (1 to n / 3 + 1 tokens), no padding."""
+    ids = np.zeros(n, np.int32)
+    t, doc = 0, 1
+    while t < n:
+        length = int(rng.integers(1, n // 3 + 2))
+        ids[t : t + length] = doc
+        t += length
+        doc += 1
+    return ids
+
+
 def grid(q_len, kv_len):
     return np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
 

@@ -14,6 +14,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as smi
 
+import oracles
 import seqattn
 from seqattn import splash
 
@@ -30,17 +31,6 @@ def assert_same_info(got, want):
         assert g.dtype == w.dtype, f"{field}: dtype {g.dtype} vs jax {w.dtype}"
         assert g.shape == w.shape, f"{field}: shape {g.shape} vs jax {w.shape}"
         np.testing.assert_array_equal(g, w, err_msg=field)
-
-
-def document_pattern(rng, n):
-    ids = np.zeros(n, np.int32)
-    t, doc = 0, 1
-    while t < n:
-        length = int(rng.integers(1, n // 3 + 2))
-        ids[t : t + length] = doc
-        t += length
-        doc += 1
-    return ids
 
 
 def cases():
@@ -68,7 +58,7 @@ def cases():
         dense = rng.random(shape) < 0.3
         out.append(("numpy_random", [sm.NumpyMask(dense)], seqattn.DenseMask(dense), shape))
         if q_len == kv_len:
-            ids = document_pattern(rng, q_len)
+            ids = oracles.document_pattern(rng, q_len)
             doc = (ids[:, None] == ids[None, :]) & (np.arange(q_len)[:, None] >= np.arange(q_len)[None, :])
             out.append(("numpy_documents", [sm.NumpyMask(doc)],
                         seqattn.DocumentMask(ids[None, :], inner=seqattn.CausalMask()), shape))
@@ -153,7 +143,7 @@ def test_document_window_and_kinds_splash_lacks_match_numpy_masks():
     # of the same dense pattern.
     rng = np.random.default_rng(1)
     n = 512
-    ids = document_pattern(rng, n)
+    ids = oracles.document_pattern(rng, n)
     masks = [
         seqattn.DocumentMask(ids[None, :], inner=seqattn.SlidingWindowMask(40, 0)),
         seqattn.PrefixLMMask(200),

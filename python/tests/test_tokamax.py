@@ -34,17 +34,6 @@ def assert_same_info(got, want, what):
         np.testing.assert_array_equal(g, w, err_msg=f"{what} {field}")
 
 
-def documents(rng, n):
-    ids = np.zeros(n, np.int32)
-    t, doc = 0, 1
-    while t < n:
-        length = int(rng.integers(1, n // 3 + 2))
-        ids[t:t + length] = doc
-        t += length
-        doc += 1
-    return ids
-
-
 def cases():
     """(name, tokamax mask, seqattn mask, (q_len, kv_len))."""
     rng = np.random.default_rng(11)
@@ -68,7 +57,7 @@ def cases():
         late[:10, :7] = False  # one partial tile, then only full ones: mask_next wraps around to it
         out.append(("numpy_one_partial_first", tm.NumpyMask(late), seqattn.DenseMask(late)))
         if q_len == kv_len:
-            ids = documents(rng, q_len)
+            ids = oracles.document_pattern(rng, q_len)
             inner = seqattn.SlidingWindowMask(40, 0)
             ours = seqattn.DocumentMask(ids[None, :], inner=inner)
             out.append(("documents_window", tm.NumpyMask(np.asarray(ours.to_dense(q_len, kv_len))[0, 0]), ours))

@@ -34,8 +34,8 @@ def packed_ids(rng, s, docs, padding):
 
 
 def batch_ids(rng, s):
-    """Three rows of S = 512: trailing padding longer than a block, no padding, and padding between documents
-    covering a whole 128-block, with a 1-token document."""
+    """Two rows of S = 512: trailing padding longer than a block, and padding between documents covering a
+    whole 128-block, with a 1-token document."""
     gap = packed_ids(rng, s, 5, 0)
     after = gap[400:]
     after[after == gap[249]] = 2000  # a document the gap cuts continues under another id
@@ -43,7 +43,7 @@ def batch_ids(rng, s):
     after = gap[101:]
     after[after == gap[100]] = 1001  # the tail of token 100's document becomes its own one
     gap[100] = 1000  # a 1-token document
-    return np.stack([packed_ids(rng, s, 7, 150), packed_ids(rng, s, 2, 0), gap])
+    return np.stack([packed_ids(rng, s, 7, 150), gap])
 
 
 def dense_allowed(ids, mask, heads):
@@ -69,14 +69,14 @@ def bhsd(x):
     return np.swapaxes(np.asarray(x, np.float64), 1, 2)
 
 
-@pytest.mark.parametrize("name,dtype,hkv,d,blocks", [
-    ("causal", jnp.float32, 4, 128, (128, 128)),
-    ("per_head", jnp.float32, 2, 64, (256, 128)),
-    ("window", jnp.bfloat16, 1, 128, (128, 256)),
-    ("full", jnp.float32, 4, 128, (128, 128)),
+@pytest.mark.parametrize("name,dtype,hq,hkv,d,blocks", [
+    ("causal", jnp.float32, 2, 2, 128, (128, 128)),
+    ("per_head", jnp.float32, 4, 2, 64, (256, 128)),
+    ("window", jnp.bfloat16, 2, 1, 128, (128, 256)),
+    ("full", jnp.float32, 2, 2, 128, (128, 128)),
 ])
-def test_values_and_gradients_match_reference_and_splash_with_ids_alone(rng, name, dtype, hkv, d, blocks):
-    b, hq, s = 3, 4, 512
+def test_values_and_gradients_match_reference_and_splash_with_ids_alone(rng, name, dtype, hq, hkv, d, blocks):
+    b, s = 2, 512
     mask = MASKS[name]
     bq, bkv = blocks
     bs = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bkv, block_kv_dkv=bq,
@@ -125,13 +125,14 @@ def test_values_and_gradients_match_reference_and_splash_with_ids_alone(rng, nam
 
 
 def test_next_active_is_a_scan_with_wrap_around(rng):
+    step = jax.jit(tpu._next_active)
     for n in (1, 2, 7, 64):
         for density in (0.0, 0.1, 0.5, 1.0):
             active = rng.random(n) < density
             coord = rng.integers(0, 100, n).astype(np.int32)
             on = np.flatnonzero(active)
             want = [coord[next((a for a in on if a >= i), on[0])] if len(on) else 0 for i in range(n)]
-            np.testing.assert_array_equal(np.asarray(tpu._next_active(jnp.asarray(active), jnp.asarray(coord))),
+            np.testing.assert_array_equal(np.asarray(step(jnp.asarray(active), jnp.asarray(coord))),
                                           want)
 
 
@@ -219,7 +220,7 @@ def test_tokamax_on_traced_metadata_matches_reference(rng, name, blocks):
     """tokamax's dynamic-grid Splash on seqattn.tpu.tokamax_mask_info (interpret mode): values and gradients
     against float64, the listed tiles against the C++ BlockMask."""
     tk = pytest.importorskip("tokamax._src.ops.experimental.tpu.splash_attention.splash_attention_kernel")
-    b, hq, hkv, s, d = 3, 2, 1, 512, 128
+    b, hq, hkv, s, d = 2, 2, 1, 512, 128
     mask = MASKS[name]
     bq, bkv = blocks
     config = tk.SplashConfig(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,

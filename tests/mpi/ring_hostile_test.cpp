@@ -280,6 +280,14 @@ TEST_CASE("ring hostile: backward gradients without data or over their inputs th
   const TensorView<float> first(shared.data(), plan.q_shape());
   const TensorView<float> second(shared.data() + q.size() / 2, plan.k_shape());
   check_same_invalid_argument(backward(first, odd ? second : dk.view(), dv.view(), dout.view()), "overlap");
+  // A wrong out shape is named as backward's argument, not forward's.
+  const Outcome wrong_out = outcome_of([&] {
+    plan.backward(q.view(), TensorView<const float>(k.view()), v.view(),
+                  TensorView<const float>(out.data(), Extents{1, out.shape()[1], 2, 8}),
+                  TensorView<const float>(lse.view()), dout.view(), dq.view(), dk.view(), dv.view(), {},
+                  execution::Serial{});
+  });
+  check_same_invalid_argument(wrong_out, "ring_attention_backward: out must have shape");
   // Distinct buffers still work.
   CHECK(backward(dq.view(), dk.view(), dv.view(), dout.view()).message.empty());
 }

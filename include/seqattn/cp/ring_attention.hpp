@@ -485,7 +485,8 @@ class RingPlan {
   template <ExecutionPolicy Exec>
   void forward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<T> out,
                TensorView<float> lse, Exec&& exec) {
-    detail::agree_or_throw(comm_, detail::capture_error([&] { check_call(q, k, v, out, lse); }),
+    detail::agree_or_throw(comm_,
+                           detail::capture_error([&] { check_call("ring_attention_forward", q, k, v, out, lse); }),
                            "ring_attention_forward");
     if (options_.algorithm == Algorithm::all_gather) {
       forward_all_gather(q, k, v, out, lse, exec);
@@ -509,7 +510,8 @@ class RingPlan {
           constexpr const char* kWho = "ring_attention_backward: ";
           detail::require(options_.backward && options_.algorithm == Algorithm::ring, kWho,
                           "the plan must be made with RingOptions::backward and Algorithm::ring");
-          check_call(q, k, v, TensorView<T>(const_cast<T*>(out.data()), out.shape(), out.strides()),
+          check_call("ring_attention_backward", q, k, v,
+                     TensorView<T>(const_cast<T*>(out.data()), out.shape(), out.strides()),
                      TensorView<float>(const_cast<float*>(lse.data()), lse.shape(), lse.strides()));
           detail::require(lse.data() != nullptr, kWho, "lse is required");
           detail::require(dout.shape() == out_shape(), kWho, "dout must have shape ", out_shape(), ", got ",
@@ -710,9 +712,11 @@ class RingPlan {
     }
   }
 
-  void check_call(const TensorView<const T>& q, const TensorView<const T>& k, const TensorView<const T>& v,
-                  const TensorView<T>& out, const TensorView<float>& lse) const {
-    constexpr const char* kWho = "ring_attention_forward: ";
+  // The checks forward and backward share; `who` names the call in messages.
+  void check_call(const char* who, const TensorView<const T>& q, const TensorView<const T>& k,
+                  const TensorView<const T>& v, const TensorView<T>& out, const TensorView<float>& lse) const {
+    const std::string prefix = std::string(who) + ": ";
+    const char* kWho = prefix.c_str();
     const char* layout =
         layout_->layout() == Layout::bshd ? " (BSHD shard [B, S_r, H, D])" : " (THD shard [T_r, H, D])";
     detail::require(q.shape() == q_shape(), kWho, "q must have shape ", q_shape(), layout, " on rank ", rank_, ", got ",
@@ -730,7 +734,7 @@ class RingPlan {
                     kWho, "q, k, v and out must have data");
     // The engine's rule for its outputs; out and lse must not share memory.
     using seqattn::detail::footprint;
-    seqattn::detail::require_disjoint("ring_attention_forward", {footprint("out", out), footprint("lse", lse)},
+    seqattn::detail::require_disjoint(who, {footprint("out", out), footprint("lse", lse)},
                                       {footprint("q", q), footprint("k", k), footprint("v", v)});
   }
 

@@ -91,16 +91,19 @@ instances=()
 mkdir -p "$out/instances"
 for type in bfloat16 float16; do
   for dim in 64 128 256; do
-    for mod in false true; do
+    for hook in plain softcap_alibi; do # the built-in score hooks (backends/cuda/score_hooks.cuh)
+      hook_type=seqattn::cuda::detail::PlainScores
+      [[ $hook == softcap_alibi ]] && hook_type=seqattn::cuda::detail::SoftcapAlibiScores
       for pass in forward backward; do
         [[ $pass == backward && $dim == 256 ]] && continue
         params=ForwardParams plan=LaunchPlan
         [[ $pass == backward ]] && params=BackwardParams plan=BackwardLaunchPlan
-        src="$out/instances/${pass}_${type}_d${dim}_${mod}.cu"
+        src="$out/instances/${pass}_${type}_d${dim}_${hook}.cu"
         text="#define SEQATTN_CUDA_INSTANCE_TU
 #include \"seqattn/backends/cuda.cuh\"
-template void seqattn::cuda::detail::launch_${pass}<seqattn::${type}, ${dim}, ${mod}>(
-    const seqattn::cuda::detail::${params}<seqattn::${type}>&, const seqattn::cuda::${plan}&, cudaStream_t);"
+template void seqattn::cuda::detail::launch_${pass}<seqattn::${type}, ${dim}, ${hook_type}>(
+    const seqattn::cuda::detail::${params}<seqattn::${type}>&, const seqattn::cuda::${plan}&, const ${hook_type}&,
+    cudaStream_t);"
         [[ -f "$src" && "$(cat "$src")" == "$text" ]] || echo "$text" >"$src"
         (
           "${launcher[@]}" "$nvcc" "${flags[@]}" -c "$src" -o "${src%.cu}.o" >"${src%.cu}.log" 2>&1 ||

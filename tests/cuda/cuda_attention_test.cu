@@ -2,7 +2,9 @@
 // mask kind, BSHD and THD with empty segments, head dims 64/72/80/128/256,
 // GQA with and without packed heads, KV splits, every device variant, bf16
 // and fp16, fully masked rows, and the errors of bad calls; the backward pass
-// (dq, dk, dv, dsinks) likewise for head dims up to 128, deterministic.
+// (dq, dk, dv, dsinks) likewise for head dims up to 128, deterministic; and
+// variants that run their own score hooks on the device (Bias over a device
+// tensor, a user's ScoreMod and variant type), forward and backward.
 //
 // Needs a CUDA device: without one the binary prints why and exits with 77,
 // which CTest reports as skipped (SKIP_RETURN_CODE). Catch2's implementation
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "seqattn/backends/cuda.cuh"
@@ -101,15 +104,19 @@ struct Result {
 
 // Runs the Cuda backend on the inputs rounded to T and the reference backend
 // on the same rounded values in fp32; checks every output element and LSE.
+// host_variant: the variant the reference runs, when `variant` reads device
+// memory (a BiasTensor); the same values in host memory.
 template <class T, class M, class V>
-Result check_cuda(const Problem& pr, const M& mask, const V& variant, PlanOptions options = {}) {
+Result check_cuda(const Problem& pr, const M& mask, const V& variant, PlanOptions options = {},
+                  const V* host_variant = nullptr) {
   const Rounded<T> r(pr);
   const Tensor<T>&q = r.q, &k = r.k, &v = r.v;
   const AttentionInputs<float>& ref_in = r.ref_in;
   const AttentionShape& shape = r.shape;
   const Extents &out_shape = r.out_shape, &lse_shape = r.lse_shape;
   Tensor<float> want(out_shape, 7.0f), want_lse(lse_shape, 7.0f);
-  attention_forward(plan_attention<backends::Reference>(shape, mask), ref_in, want.view(), want_lse.view(), variant);
+  attention_forward(plan_attention<backends::Reference>(shape, mask), ref_in, want.view(), want_lse.view(),
+                    host_variant ? *host_variant : variant);
 
   const DeviceTensor<T> dq(q), dk(k), dv(v);
   DeviceTensor<T> dout(Tensor<T>(out_shape, from_float<T>(7.0f)));
@@ -608,8 +615,10 @@ struct BackwardCase {
 // reference backward in fp32 on the same values fed the Cuda forward's own out
 // and LSE (so that the backward alone is compared); checks dq, dk, dv and the
 // sinks' gradient. Two backward calls must agree bit for bit (determinism).
+// host_variant: as in check_cuda.
 template <class T, class M, class V>
-void check_cuda_backward(const Problem& pr, const M& mask, const V& variant, std::mt19937& rng, BackwardCase bc = {}) {
+void check_cuda_backward(const Problem& pr, const M& mask, const V& variant, std::mt19937& rng, BackwardCase bc = {},
+                         const V* host_variant = nullptr) {
   const Rounded<T> r(pr);
   const Tensor<T>&q = r.q, &k = r.k, &v = r.v;
   const AttentionInputs<float>& ref_in = r.ref_in;
@@ -664,7 +673,7 @@ void check_cuda_backward(const Problem& pr, const M& mask, const V& variant, std
   attention_backward(plan_attention<backends::Reference>(shape, mask, ref_options), ref_in, out_f.view(), lse_f.view(),
                      dout_f.view(),
                      AttentionGrads<float>{want_q.view(), want_k.view(), want_v.view(), std::span<float>(want_sinks)},
-                     variant, execution::Serial{});
+                     host_variant ? *host_variant : variant, execution::Serial{});
 
   const bool bf16 = std::is_same_v<T, bfloat16>;
   const double tol = bf16 ? 4e-2 : 1e-2, max_nmse = bf16 ? 1e-3 : 1e-4;
@@ -678,11 +687,63 @@ void check_cuda_backward(const Problem& pr, const M& mask, const V& variant, std
   check_gradient("dq", widened(got_q), want_q, tol);
   check_gradient("dk", widened(got_k), want_k, tol);
   check_gradient("dv", widened(got_v), want_v, tol);
-  // The sinks' gradient: one fp32 sum per head, no storage-type rounding.
-  Tensor<float> got_sinks(detail::make_extents({shape.heads})), ref_sinks(detail::make_extents({shape.heads}));
-  std::copy(dsinks.begin(), dsinks.end(), got_sinks.data());
-  std::copy(want_sinks.begin(), want_sinks.end(), ref_sinks.data());
-  check_gradient("dsinks", got_sinks, ref_sinks, 2.5e-3);
+  // The sinks' gradient, -sum over rows of exp(sink - lse) (dO . O): one fp32 sum per head. The kernel reads
+  // the forward's O as stored (bf16 / fp16); the reference recomputes O exactly. So the GPU is held to the
+  // sum over its own stored O and LSE (in double: only summation order differs), and to the exact reference
+  // within the error of O's storage rounding, bounded per head from the data: sum_rows exp(sink - lse)
+  // sum_e |dO_e O_e| 2^-8 (half an ulp is 2^-9 of |O_e| for bf16, 2^-11 for fp16). Rows outside every THD
+  // segment are nobody's: the kernels neither write nor read them.
+  const index_t dv_dim = out_f.shape()[out_f.shape().rank() - 1];
+  const index_t seq = pr.segments ? out_f.shape()[0] : out_f.shape()[1];
+  std::vector<std::pair<index_t, index_t>> rows;  // (batch, token)
+  if (pr.segments) {
+    for (index_t s = 0; s < pr.segments->size(); ++s) {
+      const auto u = static_cast<std::size_t>(s);
+      for (index_t i = 0; i < pr.segments->q_lens[u]; ++i) rows.emplace_back(0, pr.segments->q_offsets[u] + i);
+    }
+  } else {
+    for (index_t b = 0; b < out_f.shape()[0]; ++b)
+      for (index_t i = 0; i < seq; ++i) rows.emplace_back(b, i);
+  }
+  const V& sink_variant = host_variant ? *host_variant : variant;
+  std::vector<double> own(dsinks.size(), 0.0), rounding(dsinks.size(), 0.0);
+  if constexpr (HasSinkHook<V>) {
+    for (index_t h = 0; h < shape.heads && seqattn::detail::variant_has_sink(sink_variant); ++h) {
+      const double sink = sink_variant.sink(h);
+      for (const auto& [b, i] : rows) {
+        const double lse = lse_f.data()[(b * shape.heads + h) * seq + i];
+        if (lse == -std::numeric_limits<double>::infinity()) continue;  // sees nothing: no sink gradient
+        const float* o = out_f.data() + ((b * seq + i) * shape.heads + h) * dv_dim;
+        const float* d_o = dout_f.data() + ((b * seq + i) * shape.heads + h) * dv_dim;
+        double delta = 0.0, magnitude = 0.0;
+        for (index_t e = 0; e < dv_dim; ++e) {
+          delta += double{d_o[e]} * o[e];
+          magnitude += std::abs(double{d_o[e]} * o[e]);
+        }
+        const double weight = std::exp(sink - lse);
+        own[static_cast<std::size_t>(h)] -= weight * delta;
+        rounding[static_cast<std::size_t>(h)] += weight * magnitude * std::ldexp(1.0, bf16 ? -8 : -10);
+      }
+    }
+  }
+  double rms = 0.0, own_rms = 0.0;
+  for (std::size_t h = 0; h < dsinks.size(); ++h) {
+    if (std::isfinite(want_sinks[h])) rms += double{want_sinks[h]} * want_sinks[h];
+    if (std::isfinite(own[h])) own_rms += own[h] * own[h];
+  }
+  rms = std::sqrt(rms / static_cast<double>(dsinks.size()));
+  own_rms = std::sqrt(own_rms / static_cast<double>(dsinks.size()));
+  for (std::size_t h = 0; h < dsinks.size(); ++h) {
+    const double got = dsinks[h], want = want_sinks[h];
+    INFO("dsinks of head " << h << ": got " << got << ", from the stored O and LSE " << own[h] << ", exact " << want
+                           << ", O's rounding bound " << rounding[h]);
+    if (!std::isfinite(want)) {  // the NaN policy's rows: the same non-finite value
+      CHECK((std::isnan(want) ? std::isnan(got) : got == want));
+      continue;
+    }
+    CHECK(std::abs(got - own[h]) <= 1e-4 * (std::abs(own[h]) + own_rms));
+    CHECK(std::abs(got - want) <= rounding[h] + 2.5e-3 * (std::abs(want) + rms));
+  }
 }
 
 TEST_CASE("cuda backward: every mask kind, BSHD, head dims 64 to 128", "[cuda][gpu][backward]") {
@@ -821,6 +882,208 @@ TEST_CASE("cuda backward: bad calls throw and name the problem", "[cuda][gpu][ba
   CHECK_THROWS_WITH(attention_backward(plan, in, out_view, lse_view, host_dout.view(), gq.view(), gk.view(), gv.view(),
                                        cuda::Stream{}),
                     ContainsSubstring("attention_backward (Cuda): dout must point to device memory"));
+}
+
+// ---- Device score hooks (backends/cuda/score_hooks.cuh) ------------------------
+// Variants that are not built in run their own score hooks in device code:
+// Bias with a BiasTensor in device memory, a user's ScoreMod and a variant
+// type of the user's own, in Chains with the built-in parts. Each is checked
+// against the reference backend given the same variant over host data.
+// Two variant types only (each instantiates every kernel in this file).
+
+// A bias [batch or 1, heads, q, kv] of normal values with some -inf entries
+// (the pair is excluded), and rows of head 1 that the bias excludes entirely.
+Tensor<float> random_bias(std::mt19937& rng, index_t batch, index_t heads, index_t q, index_t kv) {
+  Tensor<float> bias(detail::make_extents({batch, heads, q, kv}));
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> uniform;
+  for (index_t i = 0; i < bias.size(); ++i) bias.data()[i] = uniform(rng) < 0.05f ? -INFINITY : normal(rng);
+  for (index_t b = 0; b < batch; ++b)
+    for (index_t i = 3; i < q; i += 17)
+      for (index_t j = 0; j < kv; ++j) bias(b, std::min<index_t>(1, heads - 1), i, j) = -INFINITY;
+  return bias;
+}
+
+// The bias in host and device memory, and the variant over each.
+using BiasVariant = variants::Chain<variants::Softcap, variants::Alibi, variants::Bias<variants::BiasTensor>>;
+struct BiasCase {
+  Tensor<float> host;
+  DeviceTensor<float> device;
+  std::vector<float> slopes;
+  BiasVariant on_host, on_device;
+
+  BiasCase(Tensor<float> bias, float softcap, std::vector<float> alibi_slopes)
+      : host(std::move(bias)),
+        device(host),
+        slopes(std::move(alibi_slopes)),
+        on_host(variants::chain(variants::Softcap{softcap}, variants::Alibi{slopes},
+                                variants::Bias{variants::BiasTensor(host.view())})),
+        on_device(variants::chain(variants::Softcap{softcap}, variants::Alibi{slopes},
+                                  variants::Bias{variants::BiasTensor(device.view())})) {}
+  BiasCase(const BiasCase&) = delete;  // the variants view host, device and slopes
+  BiasCase& operator=(const BiasCase&) = delete;
+};
+
+// A user's score_mod: a tanh soft-cap written out, plus a relative-position
+// term per head; and its derivative. Device-callable functors.
+struct SoftcapRelative {
+  float cap, slope;
+  SEQATTN_HOST_DEVICE float operator()(float s, index_t, index_t h, index_t q, index_t kv) const {
+    const float distance = static_cast<float>(q > kv ? q - kv : kv - q);
+    return cap * std::tanh(s / cap) - slope * static_cast<float>(h + 1) * distance;
+  }
+};
+struct SoftcapRelativeGrad {
+  float cap;
+  SEQATTN_HOST_DEVICE float operator()(float s, index_t, index_t, index_t, index_t) const {
+    const float t = std::tanh(s / cap);
+    return 1.0f - t * t;
+  }
+};
+// A score variant type of the user's own, reading every ScoreIndex field.
+struct SequenceTilt {
+  float weight = 0.0f;
+  SEQATTN_HOST_DEVICE float score(float s, const ScoreIndex& at) const {
+    return s + weight * static_cast<float>((at.batch % 3) - at.head + (at.kv_len - at.q_len) % 5 + (at.q % 2));
+  }
+  SEQATTN_HOST_DEVICE float score_grad(float, const ScoreIndex&) const { return 1.0f; }
+};
+using UserVariant = variants::Chain<variants::Scale, variants::ScoreMod<SoftcapRelative, SoftcapRelativeGrad>,
+                                    SequenceTilt, variants::Sinks>;
+UserVariant user_variant(float scale, std::span<const float> sinks) {
+  return variants::chain(variants::Scale{scale},
+                         variants::ScoreMod{SoftcapRelative{6.0f, 0.01f}, SoftcapRelativeGrad{6.0f}},
+                         SequenceTilt{0.125f}, variants::Sinks{sinks});
+}
+
+// Packed THD: segments of (q, kv) lengths with an empty one and a one-token
+// one; heads over kv_heads, head dim `dim`.
+struct ThdSegments {
+  std::vector<std::int32_t> q_off, q_len{5, 0, 150, 1, 90}, kv_off, kv_len{5, 0, 150, 1, 130};
+  SegmentTable table;
+  Problem problem;
+
+  ThdSegments(std::mt19937& rng, index_t heads, index_t kv_heads, index_t dim) {
+    std::int32_t q_tokens = 2, kv_tokens = 0;  // 2 rows before the first segment: nobody's
+    for (std::size_t i = 0; i < q_len.size(); ++i) {
+      q_off.push_back(q_tokens);
+      kv_off.push_back(kv_tokens);
+      q_tokens += q_len[i];
+      kv_tokens += kv_len[i];
+    }
+    table = SegmentTable{q_off, q_len, kv_off, kv_len};
+    problem = Problem{random_tensor<float>(detail::make_extents({q_tokens, heads, dim}), rng),
+                      random_tensor<float>(detail::make_extents({kv_tokens, kv_heads, dim}), rng),
+                      random_tensor<float>(detail::make_extents({kv_tokens, kv_heads, dim}), rng), &table};
+  }
+  ThdSegments(const ThdSegments&) = delete;  // table views the vectors, problem the table
+  ThdSegments& operator=(const ThdSegments&) = delete;
+};
+
+// Calls each(problem, mask, batch extent of a per-sequence tensor, max q, max kv, what)
+// for BSHD and THD, causal and document masks, 4 query heads over 2 K/V heads.
+template <class Each>
+void each_hook_problem(std::mt19937& rng, index_t dim, Each&& each) {
+  const CausalMask causal{Alignment::bottom_right};
+  const TestDocumentMask documents{{50, 70, 40}};
+  {
+    const Problem pr = random_bshd(rng, 2, 150, 203, 4, 2, dim, dim);
+    each(pr, causal, 2, 150, 203, "BSHD, causal");
+    each(pr, documents, 2, 150, 203, "BSHD, documents");
+  }
+  {
+    const ThdSegments thd(rng, 4, 2, dim);
+    each(thd.problem, causal, 5, 150, 150, "THD, causal");
+    each(thd.problem, documents, 5, 150, 150, "THD, documents");
+  }
+}
+
+TEST_CASE("cuda hooks: Bias from a device tensor, forward and backward", "[cuda][gpu][hooks][backward]") {
+  std::mt19937 rng(61);
+  for (const index_t dim : {64, 128}) {
+    each_hook_problem(rng, dim,
+                      [&](const Problem& pr, const auto& mask, index_t batch, index_t q, index_t kv, const char* what) {
+                        INFO(what << ", head dim " << dim);
+                        // BSHD: one bias for both sequences (batch extent 1, broadcast); THD: one per segment.
+                        const index_t bias_batch = pr.segments ? batch : 1;
+                        const BiasCase bias(random_bias(rng, bias_batch, 4, q, kv), 0.0f, std::vector<float>(4, 0.0f));
+                        check_cuda<bfloat16>(pr, mask, bias.on_device, {}, &bias.on_host);
+                        check_cuda_backward<bfloat16>(pr, mask, bias.on_device, rng, {}, &bias.on_host);
+                      });
+  }
+  SECTION("after softcap and ALiBi, with forced KV splits, and decode") {
+    const Problem pr = random_bshd(rng, 2, 150, 203, 4, 2, 128, 128);
+    const BiasCase bias(random_bias(rng, 2, 4, 150, 203), 8.0f, {0.5f, 0.25f, 0.125f, 0.0625f});
+    const CausalMask causal{Alignment::bottom_right};
+    check_cuda<bfloat16>(pr, causal, bias.on_device, {}, &bias.on_host);
+    PlanOptions split;
+    split.kv_splits = 3;
+    check_cuda<bfloat16>(pr, causal, bias.on_device, split, &bias.on_host);
+    check_cuda_backward<bfloat16>(pr, causal, bias.on_device, rng, {}, &bias.on_host);
+    const Problem dec = random_bshd(rng, 2, 3, 700, 8, 2, 64, 64);
+    const BiasCase dec_bias(random_bias(rng, 2, 8, 3, 700), 0.0f, std::vector<float>(8, 0.1f));
+    CHECK(plan_attention<backends::Cuda>(shape_of(AttentionInputs<float>{dec.q.view(), dec.k.view(), dec.v.view()}),
+                                         causal)
+              .work()
+              .device->launch.decode);
+    check_cuda<bfloat16>(dec, causal, dec_bias.on_device, {}, &dec_bias.on_host);
+  }
+}
+
+TEST_CASE("cuda hooks: a user's device ScoreMod and score variant, forward and backward",
+          "[cuda][gpu][hooks][backward]") {
+  std::mt19937 rng(62);
+  const std::vector<float> sinks{1.0f, -2.0f, 0.0f, 3.0f};
+  for (const index_t dim : {64, 128}) {
+    each_hook_problem(rng, dim, [&](const Problem& pr, const auto& mask, index_t, index_t, index_t, const char* what) {
+      INFO(what << ", head dim " << dim);
+      const UserVariant plain = user_variant(0.2f, {}), with_sinks = user_variant(0.125f, sinks);
+      check_cuda<bfloat16>(pr, mask, plain);
+      check_cuda<bfloat16>(pr, mask, with_sinks);
+      check_cuda_backward<bfloat16>(pr, mask, plain, rng);
+      check_cuda_backward<bfloat16>(pr, mask, with_sinks, rng);
+    });
+  }
+  SECTION("decode and KV splits") {
+    const Problem dec = random_bshd(rng, 2, 1, 3000, 8, 2, 128, 128);
+    const std::vector<float> sinks8(8, 0.5f);
+    check_cuda<bfloat16>(dec, CausalMask{Alignment::bottom_right}, user_variant(0.1f, sinks8));
+    PlanOptions split;
+    split.kv_splits = 4;
+    const Problem pr = random_bshd(rng, 1, 300, 900, 4, 4, 64, 64);
+    check_cuda<bfloat16>(pr, FullMask{}, user_variant(0.1f, sinks), split);
+  }
+}
+
+TEST_CASE("cuda hooks: a BiasTensor in host memory is refused before anything runs", "[cuda][gpu][hooks][errors]") {
+  std::mt19937 rng(63);
+  const Problem pr = random_bshd(rng, 1, 40, 40, 2, 2, 64, 64);
+  const Tensor<bfloat16> q = rounded_to<bfloat16>(pr.q), k = rounded_to<bfloat16>(pr.k), v = rounded_to<bfloat16>(pr.v);
+  const DeviceTensor<bfloat16> dq(q), dk(k), dv(v);
+  DeviceTensor<bfloat16> out(Tensor<bfloat16>(q.shape(), bfloat16(7.0f))), gq(q), gk(k), gv(v);
+  DeviceTensor<float> lse(Tensor<float>(detail::make_extents({1, 2, 40}), 0.0f));
+  const AttentionInputs<bfloat16> in{dq.view(), dk.view(), dv.view()};
+  const BiasCase bias(random_bias(rng, 1, 2, 40, 40), 0.0f, {0.0f, 0.0f});
+  PlanOptions backward;
+  backward.backward = true;
+  const auto plan = plan_attention<backends::Cuda>(shape_of(in), CausalMask{}, backward);
+  const char* message = "bias (variants::BiasTensor of shape (1, 2, 40, 40)) must point to device memory";
+  CHECK_THROWS_WITH(attention_forward(plan, in, out.view(), lse.view(), bias.on_host, cuda::Stream{}),
+                    ContainsSubstring("attention_forward (Cuda): ") && ContainsSubstring(message));
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const Tensor<bfloat16> untouched = out.download();
+  CHECK(std::all_of(untouched.data(), untouched.data() + untouched.size(),
+                    [](bfloat16 x) { return to_float(x) == 7.0f; }));
+  const TensorView<const bfloat16> out_view(out.buffer.data(), q.shape());
+  const TensorView<const float> lse_view(lse.buffer.data(), lse.shape);
+  CHECK_THROWS_WITH(
+      attention_backward(plan, in, out_view, lse_view, out_view,
+                         AttentionGrads<bfloat16>{gq.view(), gk.view(), gv.view()}, bias.on_host, cuda::Stream{}),
+      ContainsSubstring("attention_backward (Cuda): ") && ContainsSubstring(message));
+  // A bias that does not cover the call: the variant's own check, on the host.
+  const BiasCase small(random_bias(rng, 1, 2, 40, 30), 0.0f, {0.0f, 0.0f});
+  CHECK_THROWS_WITH(attention_forward(plan, in, out.view(), lse.view(), small.on_device, cuda::Stream{}),
+                    ContainsSubstring("does not cover the call"));
 }
 
 }  // namespace

@@ -6,9 +6,13 @@
 //     work items, their order, KV splits and workspace sizes, checked against
 //     the rules the header documents, restated here independently;
 //   - the backward's planning: the transposed layout the key pass reads,
-//     element by element against the predicate, and plan_backward_launch.
+//     element by element against the predicate, and plan_backward_launch;
+//   - variants::BiasTensor, the strided bias the Cuda kernels read in device
+//     memory (its device-pointer check needs a GPU: tests/cuda/*.cu): its
+//     indexing and broadcasting and its shape check, on the host.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -17,8 +21,11 @@
 #include <utility>
 #include <vector>
 
+#include "seqattn/attention/run.hpp"
+#include "seqattn/attention/variants.hpp"
 #include "seqattn/backends/cuda/device_mask.hpp"
 #include "seqattn/backends/cuda/launch_plan.hpp"
+#include "seqattn/backends/reference.hpp"
 #include "seqattn/masks.hpp"
 
 #include "support/catch.hpp"
@@ -963,6 +970,69 @@ TEST_CASE("plan_backward_launch refuses head dims over 128 and a key layout that
                     ContainsSubstring("dv 256"));
   CHECK_THROWS_WITH(cuda::plan_backward_launch(make_shape(lengths, 4, 2, 64, 64), dl, dl),
                     ContainsSubstring("not the transpose"));
+}
+
+// ---- variants::BiasTensor
+
+TEST_CASE("BiasTensor: indexing, broadcasting and the shape check", "[cuda][plan][bias]") {
+  // [1, 3, 4, 6] with row stride 6, read through a view of the first 5 keys.
+  std::vector<float> values(3 * 4 * 6);
+  std::iota(values.begin(), values.end(), 0.0f);
+  const TensorView<const float> view(values.data(), Extents{1, 3, 4, 5}, Strides(Extents{72, 24, 6, 1}));
+  const variants::BiasTensor bias(view);
+  CHECK(bias(0, 2, 3, 4) == values[2 * 24 + 3 * 6 + 4]);
+  CHECK(bias(1, 1, 2, 0) == values[1 * 24 + 2 * 6]);  // batch extent 1: broadcast
+  const variants::BiasTensor heads_broadcast(
+      TensorView<const float>(values.data(), Extents{2, 1, 4, 6}, Strides(Extents{24, 1000, 6, 1})));
+  CHECK(heads_broadcast(1, 7, 1, 2) == values[24 + 6 + 2]);
+
+  CHECK_THROWS_WITH(variants::BiasTensor(TensorView<const float>(values.data(), Extents{3, 4, 6})),
+                    ContainsSubstring("variants::BiasTensor: the bias must have rank 4 [batch, heads, q, kv], got "
+                                      "shape (3, 4, 6)"));
+  RaggedLengths lengths;
+  lengths.q = {4, 2};
+  lengths.kv = {5, 5};
+  AttentionShape shape;
+  shape.layout = Layout::bshd;
+  shape.lengths = lengths;
+  shape.heads = 3;
+  shape.kv_heads = 1;
+  shape.dk = shape.dv = 8;
+  CHECK_NOTHROW(bias.check(shape));
+  CHECK_NOTHROW(variants::Bias{bias}.check(shape));
+  shape.lengths.kv = {5, 6};
+  CHECK_THROWS_WITH(variants::Bias{bias}.check(shape),
+                    ContainsSubstring("variants::BiasTensor: the bias of shape (1, 3, 4, 5) does not cover the call: "
+                                      "it needs (2 or 1, 3 or 1, >= 4, >= 6)"));
+  shape.lengths.kv = {5, 5};
+  shape.heads = 6;
+  CHECK_THROWS_WITH(bias.check(shape), ContainsSubstring("does not cover the call"));
+}
+
+TEST_CASE("BiasTensor: the reference backend reads it like a bias function", "[cuda][plan][bias]") {
+  const index_t batch = 2, len = 9, heads = 2, dim = 8;
+  std::vector<float> q(static_cast<std::size_t>(batch * len * heads * dim)), k(q.size()), v(q.size());
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    q[i] = static_cast<float>((i * 7) % 11) / 11.0f - 0.5f;
+    k[i] = static_cast<float>((i * 5) % 13) / 13.0f - 0.5f;
+    v[i] = static_cast<float>((i * 3) % 7) / 7.0f;
+  }
+  std::vector<float> bias_values(static_cast<std::size_t>(batch * heads * len * len));
+  for (std::size_t i = 0; i < bias_values.size(); ++i) {
+    bias_values[i] = i % 13 == 5 ? -std::numeric_limits<float>::infinity() : static_cast<float>(i % 17) / 8.0f;
+  }
+  const Extents qkv{batch, len, heads, dim};
+  const AttentionInputs<float> in{TensorView<const float>(q.data(), qkv), TensorView<const float>(k.data(), qkv),
+                                  TensorView<const float>(v.data(), qkv)};
+  const TensorView<const float> bias_view(bias_values.data(), Extents{batch, heads, len, len});
+  const auto plan = plan_attention<backends::Reference>(shape_of(in), CausalMask{});
+  std::vector<float> out_tensor(q.size()), out_function(q.size());
+  attention_forward(plan, in, TensorView<float>(out_tensor.data(), qkv), {},
+                    variants::Bias{variants::BiasTensor(bias_view)}, execution::Serial{});
+  attention_forward(plan, in, TensorView<float>(out_function.data(), qkv), {},
+                    variants::Bias{[&](index_t b, index_t h, index_t i, index_t j) { return bias_view(b, h, i, j); }},
+                    execution::Serial{});
+  CHECK(out_tensor == out_function);
 }
 
 }  // namespace seqattn_test_cuda_cuda_plan_test

@@ -31,9 +31,18 @@
 // for masked pairs. Returning -inf excludes a pair like a mask would.
 //
 // Built in (namespace seqattn::variants): Default, Scale, Softcap, Sinks,
-// Alibi, Bias, ScoreMod, and Chain to apply several in order.
+// Alibi, Bias (with BiasTensor, a bias read from a strided tensor), ScoreMod,
+// and Chain to apply several in order.
+//
+// On the GPU (backends::Cuda) a score hook runs in device code: Bias's
+// function, ScoreMod's fn and grad, and the score / score_grad of a variant
+// of your own must be callable there (a functor whose call operator is
+// SEQATTN_HOST_DEVICE, seqattn/core/host_device.hpp; ScoreIndex is a plain
+// aggregate that device code receives as is); the header comment of
+// backends/cuda.cuh lists the rules.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdlib>
@@ -45,6 +54,7 @@
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/execution.hpp"
+#include "seqattn/core/host_device.hpp"
 #include "seqattn/core/tensor.hpp"
 
 namespace seqattn {
@@ -245,7 +255,9 @@ struct Alibi {
   }
 };
 
-// An additive bias given as a function: s + bias(batch, head, q, kv).
+// An additive bias given as a function: s + bias(batch, head, q, kv), for
+// example a BiasTensor. A function with a check(const AttentionShape&) member
+// (BiasTensor's) is checked against the call's shape.
 template <class F>
 struct Bias {
   F bias;
@@ -253,9 +265,52 @@ struct Bias {
     return s + static_cast<float>(bias(at.batch, at.head, at.q, at.kv));
   }
   float score_grad(float, const ScoreIndex&) const { return 1.0f; }
+  void check(const AttentionShape& shape) const requires HasVariantCheck<F> { bias.check(shape); }
 };
 template <class F>
 Bias(F) -> Bias<F>;
+
+// A bias read in place from a rank-4 fp32 view [batch, heads, q, kv] for
+// Bias: the value of (batch b, query head h, sequence-local query q and key
+// kv). An extent of 1 in the batch or head dimension broadcasts (its stride is
+// ignored); the q and kv extents must cover the longest sequence (THD: index
+// by segment, sequence-local positions). Host memory for the CPU backends,
+// device memory for backends::Cuda (checked before anything runs). Masked
+// pairs are never read; -inf entries exclude their pair.
+struct BiasTensor {
+  const float* data = nullptr;
+  index_t batch = 0, heads = 0, q = 0, kv = 0;                             // extents
+  index_t batch_stride = 0, head_stride = 0, q_stride = 0, kv_stride = 0;  // 0 where broadcast
+
+  BiasTensor() = default;
+  explicit BiasTensor(TensorView<const float> v) {
+    detail::require(v.rank() == 4, "variants::BiasTensor: the bias must have rank 4 [batch, heads, q, kv], got shape ",
+                    v.shape());
+    data = v.data();
+    batch = v.extent(0);
+    heads = v.extent(1);
+    q = v.extent(2);
+    kv = v.extent(3);
+    batch_stride = batch == 1 ? 0 : v.stride(0);
+    head_stride = heads == 1 ? 0 : v.stride(1);
+    q_stride = v.stride(2);
+    kv_stride = v.stride(3);
+  }
+  SEQATTN_HOST_DEVICE float operator()(index_t b, index_t h, index_t qi, index_t k) const {
+    return data[b * batch_stride + h * head_stride + qi * q_stride + k * kv_stride];
+  }
+  void check(const AttentionShape& shape) const {
+    index_t max_kv = 0;
+    for (const index_t n : shape.lengths.kv) max_kv = std::max(max_kv, n);
+    detail::require((batch == 1 || batch == shape.batch()) && (heads == 1 || heads == shape.heads) &&
+                        q >= shape.max_q_len() && kv >= max_kv,
+                    "variants::BiasTensor: the bias of shape (", batch, ", ", heads, ", ", q, ", ", kv,
+                    ") does not cover the call: it needs (", shape.batch(), " or 1, ", shape.heads,
+                    " or 1, >= ", shape.max_q_len(), ", >= ", max_kv, ") for ", shape);
+    detail::require(data != nullptr || (shape.max_q_len() == 0 || max_kv == 0),
+                    "variants::BiasTensor: the bias has no data (", shape, ")");
+  }
+};
 
 // Any score modification, in the spirit of flex_attention's score_mod:
 // fn(score, batch, head, q, kv) -> new score (-inf excludes the pair), and

@@ -23,9 +23,38 @@
 // mask and allocates the per-row workspace. dsinks may be host memory (the
 // call then waits for the stream before it returns) or device memory.
 //
-// Variants with a device form: Default, Scale, Softcap, Sinks, Alibi, Standard
-// and Chains of them (softcap before ALiBi). Host-function variants (Bias,
-// ScoreMod) have no device form and are rejected at compile time.
+// Score variants run as device score hooks (backends/cuda/score_hooks.cuh;
+// every kernel is a template over one hook type):
+//   - Default, Scale, Softcap, Sinks, Alibi, Standard and Chains of them take
+//     the built-in hooks, compiled once per configuration: PlainScores (scale
+//     only, folded into the exponent) or SoftcapAlibiScores (softcap, then
+//     ALiBi: in a Chain softcap must come before ALiBi, or the call throws).
+//   - Any other variant runs its own score hooks in device code
+//     (VariantScores, compiled in the .cu that calls attention_forward /
+//     attention_backward with it): variants::Bias with a bias function,
+//     variants::ScoreMod with its fn (and grad for the backward pass), and a
+//     variant type of your own with `score(float s, const ScoreIndex&)` and
+//     `score_grad(...)`; in a Chain also with Scale, Sinks, Softcap and Alibi
+//     parts, applied in Chain order. Those functions must be callable in
+//     device code: a functor whose operator() is SEQATTN_HOST_DEVICE
+//     (seqattn/core/host_device.hpp, __host__ __device__ under nvcc), so that
+//     the same variant also runs on the CPU backends; a host-only function
+//     fails to compile ("calling a __host__ function from a __device__
+//     function"). nvcc's __device__ lambdas need --extended-lambda. The
+//     variant travels to the kernels by value: it must be trivially copyable
+//     (device pointers and numbers, at most 2 KiB; checked at compile time).
+//     ScoreIndex::batch is the sequence (THD: the segment), q and kv are
+//     sequence-local. The hooks run on every pair of a visited tile inside
+//     the sequence, masked pairs included (their results are dropped), never
+//     on padding rows or keys past the end; -inf excludes a pair.
+//   - A bias tensor: variants::Bias{variants::BiasTensor(view)} with a rank-4
+//     fp32 view [batch or 1, heads or 1, q, kv] of device memory (strided, an
+//     extent of 1 broadcasts). The call checks that it covers the shape and
+//     that the pointer is device memory of the plan's device, throwing
+//     before anything is uploaded or launched and naming the bias's shape.
+//   - The backward pass uses the hook's score_grad in dS; a ScoreMod without
+//     grad is refused at compile time (as on the CPU). Sinks come from
+//     variants::Sinks (or Standard) only.
 //
 // Calls that reuse one plan are ordered on the GPU: a call's small uploads
 // (sequence offsets, sinks, slopes, page list; skipped when unchanged) go
@@ -176,7 +205,8 @@ struct DevicePlan {
   }
 };
 
-// The device form of a score variant.
+// What a call uploads for its score variant (host spans), and the built-in
+// variants' softcap.
 struct DeviceVariant {
   float scale = 1.0f;
   float softcap = 0.0f;
@@ -189,11 +219,37 @@ namespace detail {
 template <class V>
 inline constexpr bool kAlwaysFalse = false;
 
-// Adds one variant's hooks to `d`; `stage` tracks the order (softcap must
-// come before ALiBi, as the kernel applies them).
-// Adds one variant's hooks to `d` (the scale comes from variant_scale, which
-// already follows Chain's first-scale rule). `alibi_seen` enforces the order
-// the kernel applies them in: softcap, then ALiBi.
+// The built-in variants, which SoftcapAlibiScores or PlainScores run from
+// the kernel parameters: Default, Scale, Softcap, Sinks, Alibi, Standard and
+// Chains of them. Any other variant with a score hook runs its own hooks in
+// device code (VariantScores).
+template <class V>
+struct IsBuiltinVariant
+    : std::bool_constant<std::is_same_v<V, variants::Default> || std::is_same_v<V, variants::Scale> ||
+                         std::is_same_v<V, variants::Softcap> || std::is_same_v<V, variants::Sinks> ||
+                         std::is_same_v<V, variants::Alibi> || std::is_same_v<V, variants::Standard>> {};
+template <class... Vs>
+struct IsBuiltinVariant<variants::Chain<Vs...>> : std::bool_constant<(IsBuiltinVariant<Vs>::value && ...)> {};
+template <class V>
+inline constexpr bool kBuiltinVariant = IsBuiltinVariant<V>::value;
+
+template <class V>
+struct IsChain : std::false_type {};
+template <class... Vs>
+struct IsChain<variants::Chain<Vs...>> : std::true_type {};
+template <class V>
+struct IsBias : std::false_type {};
+template <class F>
+struct IsBias<variants::Bias<F>> : std::true_type {};
+template <class V>
+struct IsScoreMod : std::false_type {};
+template <class F, class G>
+struct IsScoreMod<variants::ScoreMod<F, G>> : std::true_type {};
+
+// Adds one built-in variant's hooks to `d` (the scale comes from
+// variant_scale, which already follows Chain's first-scale rule).
+// `alibi_seen` enforces the order SoftcapAlibiScores applies them in:
+// softcap, then ALiBi.
 template <class V>
 void add_variant(DeviceVariant& d, const V& v, bool& alibi_seen) {
   if constexpr (std::is_same_v<V, variants::Default> || std::is_same_v<V, variants::Scale>) {
@@ -213,10 +269,7 @@ void add_variant(DeviceVariant& d, const V& v, bool& alibi_seen) {
   } else if constexpr (requires { v.parts; }) {
     std::apply([&](const auto&... part) { (add_variant(d, part, alibi_seen), ...); }, v.parts);
   } else {
-    static_assert(
-        kAlwaysFalse<V>,
-        "backends::Cuda runs Default, Scale, Softcap, Sinks, Alibi, Standard and Chains of them; host-function "
-        "variants (Bias, ScoreMod) have no device form");
+    static_assert(kAlwaysFalse<V>, "add_variant: not a built-in variant (kBuiltinVariant)");
   }
 }
 
@@ -227,6 +280,68 @@ DeviceVariant device_variant(const V& v, index_t dk) {
   bool alibi_seen = false;
   add_variant(d, v, alibi_seen);
   return d;
+}
+
+template <class... Parts, std::size_t... Is>
+ScoreParts<Parts...> make_score_parts(std::index_sequence<Is...>, const Parts&... parts) {
+  return {ScorePart<Is, Parts>{parts}...};
+}
+template <class... Parts>
+ScoreParts<Parts...> make_score_parts(const Parts&... parts) {
+  return make_score_parts(std::index_sequence_for<Parts...>{}, parts...);
+}
+
+// The device form of one part of a variant that runs its own score hooks
+// (score_hooks.cuh), in Chain order; its sinks and ALiBi slopes go into `d`
+// for the call's uploads. `slopes` is the plan's device buffer of the slopes.
+template <class V>
+auto device_part(const V& v, DeviceVariant& d, const float* slopes) {
+  if constexpr (std::is_same_v<V, variants::Default> || std::is_same_v<V, variants::Scale>) {
+    return ScoreIdentity{};
+  } else if constexpr (std::is_same_v<V, variants::Sinks>) {
+    d.sinks = v.logits;
+    return ScoreIdentity{};
+  } else if constexpr (std::is_same_v<V, variants::Softcap>) {
+    return DeviceSoftcap{v.cap};
+  } else if constexpr (std::is_same_v<V, variants::Alibi>) {
+    d.slopes = v.slopes;
+    return DeviceAlibi{slopes};
+  } else if constexpr (std::is_same_v<V, variants::Standard>) {
+    d.sinks = v.sinks.logits;
+    return DeviceSoftcap{v.softcap.cap};
+  } else if constexpr (IsChain<V>::value) {
+    return std::apply([&](const auto&... part) { return make_score_parts(device_part(part, d, slopes)...); }, v.parts);
+  } else if constexpr (IsBias<V>::value) {
+    return DeviceBias<std::decay_t<decltype(v.bias)>>{v.bias};
+  } else if constexpr (IsScoreMod<V>::value) {
+    return DeviceScoreMod<std::decay_t<decltype(v.fn)>, std::decay_t<decltype(v.grad)>>{v.fn, v.grad};
+  } else {
+    static_assert(!HasSinkHook<V>,
+                  "backends::Cuda takes sinks from variants::Sinks (or Standard) only, not from a sink hook of a "
+                  "variant of your own");
+    if constexpr (HasScoreHook<V>) {
+      return DeviceVariantPart<V>{v};
+    } else {
+      return ScoreIdentity{};  // a scale of its own: variant_scale has it
+    }
+  }
+}
+
+// ALiBi parts of a variant (the plan holds one set of slopes).
+template <class V>
+struct AlibiParts : std::integral_constant<int, std::is_same_v<V, variants::Alibi> ? 1 : 0> {};
+template <class... Vs>
+struct AlibiParts<variants::Chain<Vs...>> : std::integral_constant<int, (0 + ... + AlibiParts<Vs>::value)> {};
+
+// A variant that is not built in, as a kernel hook: its score hooks in device
+// code, after the scale of variant_scale.
+template <class V>
+auto variant_scores(const V& v, index_t dk, DeviceVariant& d, const float* slopes) {
+  static_assert(AlibiParts<V>::value <= 1, "backends::Cuda: at most one variants::Alibi in a variant");
+  d.scale = seqattn::detail::variant_scale(v, dk);
+  const auto part = device_part(v, d, slopes);
+  using Parts = ScoreParts<std::decay_t<decltype(part)>>;
+  return VariantScores<Parts>{make_score_parts(part), d.scale};
 }
 
 template <class T>
@@ -242,6 +357,22 @@ inline void require_device_pointer(const void* p, const char* name, int device,
                            " must point to device memory (cudaMalloc, a torch CUDA tensor, ...), got a host pointer");
   seqattn::detail::require(attr.type == cudaMemoryTypeManaged || attr.device == device, who, ": ", name,
                            " lives on device ", attr.device, " but the plan was made on device ", device);
+}
+
+// Throws unless every BiasTensor of a variant (in Chains too) points to device
+// memory of the plan's device (before anything is uploaded or launched).
+template <class V>
+void require_variant_on_device(const V& v, int device, const char* who) {
+  if constexpr (IsChain<V>::value) {
+    std::apply([&](const auto&... part) { (require_variant_on_device(part, device, who), ...); }, v.parts);
+  } else if constexpr (IsBias<V>::value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v.bias)>, variants::BiasTensor>) {
+      const variants::BiasTensor& b = v.bias;
+      const std::string name = seqattn::detail::concat("bias (variants::BiasTensor of shape (", b.batch, ", ", b.heads,
+                                                       ", ", b.q, ", ", b.kv, "))");
+      require_device_pointer(b.data, name.c_str(), device, who);
+    }
+  }
 }
 
 // Rows the kernels copy in 16-byte chunks (q, k, v, dout).
@@ -266,8 +397,7 @@ inline void require_pair_layout(const seqattn::detail::TensorStrides& s, const v
 
 // Raises a kernel's dynamic shared memory limit once per device (the
 // attribute is per device; setting it costs a driver call).
-// One flag set per kernel (not per kernel type: every instantiation has the
-// same signature).
+// One flag set per kernel instantiation.
 template <auto kKernel>
 void allow_shared_memory(int bytes, const char* what) {
   static std::atomic<std::uint64_t> done_devices{0};
@@ -279,24 +409,31 @@ void allow_shared_memory(int bytes, const char* what) {
   done_devices.fetch_or(bit, std::memory_order_acq_rel);
 }
 
-template <class T, int D, bool kScoreMod>
-void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_t stream) {
+// A kernel score hook travels to the device by value, as a kernel argument.
+template <class Hook>
+inline constexpr bool kHookFits = std::is_trivially_copyable_v<Hook> && sizeof(Hook) <= 2048;
+
+template <class T, int D, class Hook>
+void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, const Hook& hook, cudaStream_t stream) {
+  static_assert(kHookFits<Hook>,
+                "backends::Cuda passes a score variant to its kernels by value: it must be trivially copyable "
+                "(hold device pointers and numbers, not containers) and at most 2 KiB");
   const dim3 grid(static_cast<unsigned>(lp.items.size()), static_cast<unsigned>(lp.head_groups),
                   static_cast<unsigned>(lp.kv_splits));
   if constexpr (D <= 128) {
     if (lp.decode) {
-      auto* kernel = &decode_kernel<T, D, kScoreMod>;
+      auto* kernel = &decode_kernel<T, D, Hook>;
       constexpr int kSmem = DecodeConfig<D>::kSmemBytes;
-      allow_shared_memory<&decode_kernel<T, D, kScoreMod>>(kSmem, "cudaFuncSetAttribute(decode_kernel)");
-      kernel<<<grid, kDecodeThreads, kSmem, stream>>>(p);
+      allow_shared_memory<&decode_kernel<T, D, Hook>>(kSmem, "cudaFuncSetAttribute(decode_kernel)");
+      kernel<<<grid, kDecodeThreads, kSmem, stream>>>(p, hook);
       check(cudaGetLastError(), "decode_kernel launch");
     }
   }
   if (!lp.decode) {
     using Cfg = KernelConfig<D>;
-    auto* kernel = &forward_kernel<T, D, kScoreMod>;
-    allow_shared_memory<&forward_kernel<T, D, kScoreMod>>(Cfg::kSmemBytes, "cudaFuncSetAttribute(forward_kernel)");
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    auto* kernel = &forward_kernel<T, D, Hook>;
+    allow_shared_memory<&forward_kernel<T, D, Hook>>(Cfg::kSmemBytes, "cudaFuncSetAttribute(forward_kernel)");
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, hook);
     check(cudaGetLastError(), "forward_kernel launch");
   }
   if (lp.kv_splits > 1) {
@@ -307,13 +444,17 @@ void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_
 
 // SEQATTN_CUDA_SEPARATE_INSTANCES (an internal build detail of this
 // repository's tests, benchmarks and examples; cmake/SeqattnCuda.cmake): every
-// launch_forward<T, D, kScoreMod> below is compiled once, in a generated
-// instance file per configuration, instead of in every .cu that uses the
-// backend. Consumers of the header never define it and see no difference.
+// launch_forward<T, D, Hook> of the built-in hooks (PlainScores,
+// SoftcapAlibiScores) is compiled once, in a generated instance file per
+// configuration, instead of in every .cu that uses the backend. A variant's
+// own hooks (VariantScores) are compiled where they are used. Consumers of
+// the header never define it and see no difference.
 #if defined(SEQATTN_CUDA_SEPARATE_INSTANCES) && !defined(SEQATTN_CUDA_INSTANCE_TU)
-#define SEQATTN_CUDA_EXTERN_LAUNCH(T, D)                                                                      \
-  extern template void launch_forward<T, D, false>(const ForwardParams<T>&, const LaunchPlan&, cudaStream_t); \
-  extern template void launch_forward<T, D, true>(const ForwardParams<T>&, const LaunchPlan&, cudaStream_t);
+#define SEQATTN_CUDA_EXTERN_LAUNCH(T, D)                                                                    \
+  extern template void launch_forward<T, D, PlainScores>(const ForwardParams<T>&, const LaunchPlan&,        \
+                                                         const PlainScores&, cudaStream_t);                 \
+  extern template void launch_forward<T, D, SoftcapAlibiScores>(const ForwardParams<T>&, const LaunchPlan&, \
+                                                                const SoftcapAlibiScores&, cudaStream_t);
 SEQATTN_CUDA_EXTERN_LAUNCH(bfloat16, 64)
 SEQATTN_CUDA_EXTERN_LAUNCH(bfloat16, 128)
 SEQATTN_CUDA_EXTERN_LAUNCH(bfloat16, 256)
@@ -323,25 +464,37 @@ SEQATTN_CUDA_EXTERN_LAUNCH(float16, 256)
 #undef SEQATTN_CUDA_EXTERN_LAUNCH
 #endif
 
-// Plain scores (a positive scale, nothing else) fold the scale into the
-// exponent; anything else takes the score-modifying instantiation (forward
-// and backward parameters name the variant's fields alike).
+// The built-in variants: plain scores (a positive scale, nothing else) fold
+// the scale into the exponent (PlainScores); anything else takes
+// SoftcapAlibiScores (forward and backward parameters name the variant's
+// fields alike).
 template <class Params>
 bool modifies_scores(const Params& p) {
   return p.softcap_log2 != 0.0f || p.alibi_slopes != nullptr || !(p.scale_log2 > 0.0f);
 }
 
-template <class T, int D>
-void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, cudaStream_t stream) {
-  if (modifies_scores(p)) {
-    launch_forward<T, D, true>(p, lp, stream);
+// What Cuda passes to run / run_backward for the built-in variants: the hook
+// is PlainScores or SoftcapAlibiScores, chosen from the parameters.
+struct BuiltinScores {};
+
+template <class T, int D, class Hook>
+void launch_forward_with(const ForwardParams<T>& p, const LaunchPlan& lp, const Hook& hook, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Hook, BuiltinScores>) {
+    if (modifies_scores(p)) {
+      launch_forward<T, D>(p, lp, SoftcapAlibiScores{}, stream);
+    } else {
+      launch_forward<T, D>(p, lp, PlainScores{}, stream);
+    }
   } else {
-    launch_forward<T, D, false>(p, lp, stream);
+    launch_forward<T, D>(p, lp, hook, stream);
   }
 }
 
-template <class T, int D, bool kScoreMod>
-void launch_backward(const BackwardParams<T>& p, const BackwardLaunchPlan& lp, cudaStream_t stream) {
+template <class T, int D, class Hook>
+void launch_backward(const BackwardParams<T>& p, const BackwardLaunchPlan& lp, const Hook& hook, cudaStream_t stream) {
+  static_assert(kHookFits<Hook>,
+                "backends::Cuda passes a score variant to its kernels by value: it must be trivially copyable "
+                "(hold device pointers and numbers, not containers) and at most 2 KiB");
   const auto query_ctas = static_cast<unsigned>(lp.query_items.size());
   const auto heads = static_cast<unsigned>(p.heads), kv_heads = static_cast<unsigned>(p.heads / p.group);
   // No query at all (every q_len 0): the key pass alone writes dK = dV = 0.
@@ -354,26 +507,27 @@ void launch_backward(const BackwardParams<T>& p, const BackwardLaunchPlan& lp, c
     check(cudaGetLastError(), "sink_grad_kernel launch");
   }
   constexpr int kKeySmem = KeyGradConfig<D>::kSmemBytes, kQuerySmem = QueryGradConfig<D>::kSmemBytes;
-  allow_shared_memory<&key_grad_kernel<T, D, kScoreMod>>(kKeySmem, "cudaFuncSetAttribute(key_grad_kernel)");
-  allow_shared_memory<&query_grad_kernel<T, D, kScoreMod>>(kQuerySmem, "cudaFuncSetAttribute(query_grad_kernel)");
+  allow_shared_memory<&key_grad_kernel<T, D, Hook>>(kKeySmem, "cudaFuncSetAttribute(key_grad_kernel)");
+  allow_shared_memory<&query_grad_kernel<T, D, Hook>>(kQuerySmem, "cudaFuncSetAttribute(query_grad_kernel)");
   if (!lp.key_items.empty()) {
-    key_grad_kernel<T, D, kScoreMod>
+    key_grad_kernel<T, D, Hook>
         <<<dim3(static_cast<unsigned>(lp.key_items.size()), kv_heads), KeyGradConfig<D>::kThreads, kKeySmem, stream>>>(
-            p);
+            p, hook);
     check(cudaGetLastError(), "key_grad_kernel launch");
   }
   if (query_ctas > 0) {
-    query_grad_kernel<T, D, kScoreMod>
-        <<<dim3(query_ctas, heads), QueryGradConfig<D>::kThreads, kQuerySmem, stream>>>(p);
+    query_grad_kernel<T, D, Hook>
+        <<<dim3(query_ctas, heads), QueryGradConfig<D>::kThreads, kQuerySmem, stream>>>(p, hook);
     check(cudaGetLastError(), "query_grad_kernel launch");
   }
 }
 
 #if defined(SEQATTN_CUDA_SEPARATE_INSTANCES) && !defined(SEQATTN_CUDA_INSTANCE_TU)
-#define SEQATTN_CUDA_EXTERN_BACKWARD(T, D)                                                               \
-  extern template void launch_backward<T, D, false>(const BackwardParams<T>&, const BackwardLaunchPlan&, \
-                                                    cudaStream_t);                                       \
-  extern template void launch_backward<T, D, true>(const BackwardParams<T>&, const BackwardLaunchPlan&, cudaStream_t);
+#define SEQATTN_CUDA_EXTERN_BACKWARD(T, D)                                                                            \
+  extern template void launch_backward<T, D, PlainScores>(const BackwardParams<T>&, const BackwardLaunchPlan&,        \
+                                                          const PlainScores&, cudaStream_t);                          \
+  extern template void launch_backward<T, D, SoftcapAlibiScores>(const BackwardParams<T>&, const BackwardLaunchPlan&, \
+                                                                 const SoftcapAlibiScores&, cudaStream_t);
 SEQATTN_CUDA_EXTERN_BACKWARD(bfloat16, 64)
 SEQATTN_CUDA_EXTERN_BACKWARD(bfloat16, 128)
 SEQATTN_CUDA_EXTERN_BACKWARD(float16, 64)
@@ -381,12 +535,17 @@ SEQATTN_CUDA_EXTERN_BACKWARD(float16, 128)
 #undef SEQATTN_CUDA_EXTERN_BACKWARD
 #endif
 
-template <class T, int D>
-void launch_backward(const BackwardParams<T>& p, const BackwardLaunchPlan& lp, cudaStream_t stream) {
-  if (modifies_scores(p)) {
-    launch_backward<T, D, true>(p, lp, stream);
+template <class T, int D, class Hook>
+void launch_backward_with(const BackwardParams<T>& p, const BackwardLaunchPlan& lp, const Hook& hook,
+                          cudaStream_t stream) {
+  if constexpr (std::is_same_v<Hook, BuiltinScores>) {
+    if (modifies_scores(p)) {
+      launch_backward<T, D>(p, lp, SoftcapAlibiScores{}, stream);
+    } else {
+      launch_backward<T, D>(p, lp, PlainScores{}, stream);
+    }
   } else {
-    launch_backward<T, D, false>(p, lp, stream);
+    launch_backward<T, D>(p, lp, hook, stream);
   }
 }
 
@@ -465,7 +624,15 @@ struct Cuda {
           "seqattn::float16); got fp32 inputs");
     } else {
       const cudaStream_t stream = stream_of(exec);
-      run(plan, problem, cuda::detail::device_variant(variant, problem.dk), stream);
+      if constexpr (cuda::detail::kBuiltinVariant<V>) {
+        run(plan, problem, cuda::detail::device_variant(variant, problem.dk), cuda::detail::BuiltinScores{}, stream);
+      } else {
+        cuda::DevicePlan& d = *plan.work().device;
+        cuda::detail::require_variant_on_device(variant, d.device, "attention_forward (Cuda)");
+        cuda::DeviceVariant dv;
+        const auto hook = cuda::detail::variant_scores(variant, problem.dk, dv, d.slopes.data());
+        run(plan, problem, dv, hook, stream);
+      }
       if (!kAsync<Exec>) cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     }
   }
@@ -479,7 +646,19 @@ struct Cuda {
           "seqattn::float16); got fp32 inputs");
     } else {
       const cudaStream_t stream = stream_of(exec);
-      const bool wait = run_backward(plan, problem, cuda::detail::device_variant(variant, problem.fwd.dk), stream);
+      bool wait = false;
+      if constexpr (cuda::detail::kBuiltinVariant<V>) {
+        wait = run_backward(plan, problem, cuda::detail::device_variant(variant, problem.fwd.dk),
+                            cuda::detail::BuiltinScores{}, stream);
+      } else {
+        static_assert(!HasScoreHook<V> || HasScoreGradHook<V>,
+                      "attention_backward (Cuda): the variant's score hook has no score_grad");
+        cuda::DevicePlan& d = *plan.work().device;
+        cuda::detail::require_variant_on_device(variant, d.device, "attention_backward (Cuda)");
+        cuda::DeviceVariant dv;
+        const auto hook = cuda::detail::variant_scores(variant, problem.fwd.dk, dv, d.slopes.data());
+        wait = run_backward(plan, problem, dv, hook, stream);
+      }
       if (wait || !kAsync<Exec>) cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     }
   }
@@ -525,9 +704,10 @@ struct Cuda {
   }
 
   // Returns whether the caller must wait for the stream (dsinks in host memory).
-  template <class Backend, class T>
+  // Hook: cuda::detail::BuiltinScores or a VariantScores (score_hooks.cuh).
+  template <class Backend, class T, class Hook>
   static bool run_backward(const AttentionPlan<Backend>& plan, const detail::BackwardProblem<T>& bp,
-                           const cuda::DeviceVariant& variant, cudaStream_t stream) {
+                           const cuda::DeviceVariant& variant, const Hook& hook, cudaStream_t stream) {
     static constexpr const char* kWho = "attention_backward (Cuda)";
     cuda::DevicePlan& d = *plan.work().device;
     detail::require(d.backward != nullptr,
@@ -658,9 +838,9 @@ struct Cuda {
     }
     p.sequences = w.sequences.data();
     if (lp.head_dim == 64) {
-      cuda::detail::launch_backward<S, 64>(p, lp, stream);
+      cuda::detail::launch_backward_with<S, 64>(p, lp, hook, stream);
     } else {
-      cuda::detail::launch_backward<S, 128>(p, lp, stream);
+      cuda::detail::launch_backward_with<S, 128>(p, lp, hook, stream);
     }
     if (host_dsinks) {
       cuda::check(
@@ -682,9 +862,10 @@ struct Cuda {
     held.assign(host.begin(), host.end());
   }
 
-  template <class Backend, class T>
+  // Hook: cuda::detail::BuiltinScores or a VariantScores (score_hooks.cuh).
+  template <class Backend, class T, class Hook>
   static void run(const AttentionPlan<Backend>& plan, const detail::AttentionProblem<T>& pr,
-                  const cuda::DeviceVariant& variant, cudaStream_t stream) {
+                  const cuda::DeviceVariant& variant, const Hook& hook, cudaStream_t stream) {
     cuda::DevicePlan& d = *plan.work().device;
     const cuda::LaunchPlan& lp = d.launch;
     require_current_device(d, "attention_forward (Cuda)");
@@ -804,13 +985,13 @@ struct Cuda {
     if (!lp.items.empty()) {
       switch (lp.head_dim) {
         case 64:
-          cuda::detail::launch_forward<S, 64>(p, lp, stream);
+          cuda::detail::launch_forward_with<S, 64>(p, lp, hook, stream);
           break;
         case 128:
-          cuda::detail::launch_forward<S, 128>(p, lp, stream);
+          cuda::detail::launch_forward_with<S, 128>(p, lp, hook, stream);
           break;
         default:
-          cuda::detail::launch_forward<S, 256>(p, lp, stream);
+          cuda::detail::launch_forward_with<S, 256>(p, lp, hook, stream);
           break;
       }
     }

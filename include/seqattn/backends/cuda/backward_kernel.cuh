@@ -42,6 +42,7 @@
 #include <cuda_runtime.h>
 
 #include "seqattn/backends/cuda/device_primitives.cuh"
+#include "seqattn/backends/cuda/score_hooks.cuh"
 
 namespace seqattn::cuda::detail {
 
@@ -102,26 +103,6 @@ struct BackwardParams {
   float* dsinks;  // [heads], null = not requested
   long long q_tokens;
 };
-
-// The log2-unit logit of a raw score q.k (before ALiBi), and its derivative
-// over the scale: d logit / d raw = scale * score_grad.
-template <bool kScoreMod, class T>
-__device__ __forceinline__ float logit_log2(const BackwardParams<T>& p, float raw) {
-  if constexpr (kScoreMod) {
-    if (p.softcap_log2 != 0.0f) return p.softcap_log2 * tanhf(raw * p.softcap_inner);
-  }
-  return raw * p.scale_log2;
-}
-template <bool kScoreMod, class T>
-__device__ __forceinline__ float score_grad(const BackwardParams<T>& p, float raw) {
-  if constexpr (kScoreMod) {
-    if (p.softcap_log2 != 0.0f) {
-      const float t = tanhf(raw * p.softcap_inner);
-      return 1.0f - t * t;
-    }
-  }
-  return 1.0f;
-}
 
 // ---- backward_rows_kernel: one warp per row, lanes across dv.
 template <class T>
@@ -214,20 +195,23 @@ __device__ __forceinline__ void tile_accumulate(float (&acc)[D / 8][4], const fl
 
 // gradient_of_scores: raw scores s and dP (the thread's fragment elements) to
 // P and dS in place: P = exp2(logit - LSE) where the mask word allows the
-// pair, dS = P (dP - D) score_grad, 0 wherever P is 0. `query_major`: rows are
-// queries and columns keys (query pass), else rows are keys (key pass).
-// row_*: the thread's two rows; col_*: per column of the slice.
+// pair, dS = P (dP - D) score_grad, 0 wherever P is 0; logit and score_grad
+// come from the score hook (score_hooks.cuh), of one query head. `query_major`:
+// rows are queries and columns keys (query pass), else rows are keys (key
+// pass). row_*: the thread's two rows; col_*: per column of the slice.
 struct PairGeometry {
   int row_pos[2];               // query (query_major) or key position of the thread's rows
   unsigned long long words[2];  // mask words of the thread's rows, bit c: column c
   int col0_pos;                 // position of column 0 of the slice
-  int offset;                   // kv_len - q_len: the ALiBi distance is |q + offset - key|
+  int batch, q_len, kv_len;     // the sequence: its index and lengths
+  int offset;                   // kv_len - q_len
   bool query_major;
 };
-template <bool kScoreMod, class T, class Stats>
-__device__ __forceinline__ void gradient_of_scores(const BackwardParams<T>& p, float (&s)[kKeys / 8][4],
-                                                   float (&dp)[kKeys / 8][4], const PairGeometry& g, float alibi,
-                                                   Stats stats, int lane) {
+template <class Hook, class T, class Stats>
+__device__ __forceinline__ void gradient_of_scores(const BackwardParams<T>& p, const Hook& hook,
+                                                   float (&s)[kKeys / 8][4], float (&dp)[kKeys / 8][4],
+                                                   const PairGeometry& g, const typename Hook::Head& head, Stats stats,
+                                                   int lane) {
   unsigned long long shifted[2] = {g.words[0] >> ((lane % 4) * 2), g.words[1] >> ((lane % 4) * 2)};
 #pragma unroll
   for (int nt = 0; nt < kKeys / 8; ++nt) {
@@ -236,17 +220,18 @@ __device__ __forceinline__ void gradient_of_scores(const BackwardParams<T>& p, f
       const int i = c / 2, col = nt * 8 + (lane % 4) * 2 + (c % 2);
       const bool allowed = (shifted[i] >> (nt * 8 + (c % 2))) & 1ull;
       const float raw = s[nt][c];
-      float x = logit_log2<kScoreMod>(p, raw);
-      if (kScoreMod && alibi != 0.0f) {
-        const int q = g.query_major ? g.row_pos[i] : g.col0_pos + col;
-        const int key = g.query_major ? g.col0_pos + col : g.row_pos[i];
-        x -= alibi * fabsf(static_cast<float>(q + g.offset - key));
-      }
+      const ScorePair at{g.batch,
+                         g.query_major ? g.row_pos[i] : g.col0_pos + col,
+                         g.query_major ? g.col0_pos + col : g.row_pos[i],
+                         g.q_len,
+                         g.kv_len,
+                         g.offset};
+      const float x = hook.logit(p, head, raw, at);
       float lse, delta;
       stats(i, col, lse, delta);
       const float prob = allowed ? fast_exp2(x - lse) : 0.0f;
       float ds = 0.0f;
-      if (prob != 0.0f) ds = prob * (dp[nt][c] - delta) * score_grad<kScoreMod>(p, raw);
+      if (prob != 0.0f) ds = prob * (dp[nt][c] - delta) * hook.grad(p, head, raw, at);
       s[nt][c] = prob;
       dp[nt][c] = ds;
     }
@@ -287,8 +272,9 @@ struct KeyStep {
   int head, e, e_end, half;
 };
 
-template <class T, int D, bool kScoreMod>
-__global__ void __launch_bounds__(KeyGradConfig<D>::kThreads, 2) key_grad_kernel(const BackwardParams<T> p) {
+template <class T, int D, class Hook>
+__global__ void __launch_bounds__(KeyGradConfig<D>::kThreads, 2)
+    key_grad_kernel(const BackwardParams<T> p, const Hook hook) {
   using Cfg = KeyGradConfig<D>;
   constexpr int kThreads = Cfg::kThreads, kQ = kKeyStepQueries;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -363,6 +349,9 @@ __global__ void __launch_bounds__(KeyGradConfig<D>::kThreads, 2) key_grad_kernel
   const bool warp_active = key0 + warp_key0 < kv_len;
   PairGeometry g{};
   g.query_major = false;
+  g.batch = item.x;
+  g.q_len = q_len;
+  g.kv_len = kv_len;
   g.offset = kv_len - q_len;
   g.row_pos[0] = key0 + warp_key0 + lane / 4;
   g.row_pos[1] = g.row_pos[0] + 8;
@@ -393,11 +382,11 @@ __global__ void __launch_bounds__(KeyGradConfig<D>::kThreads, 2) key_grad_kernel
         g.words[i] &= live;
       }
       g.col0_pos = q0;
-      const float alibi = p.alibi_slopes ? p.alibi_slopes[cur.head] * kLog2e : 0.0f;
+      const typename Hook::Head head = hook.head(p, cur.head, true);
       const float* lse_s = lse_stage + stage * kQ;
       const float* delta_s = delta_stage + stage * kQ;
-      gradient_of_scores<kScoreMod>(
-          p, s, dp, g, alibi,
+      gradient_of_scores(
+          p, hook, s, dp, g, head,
           [&](int, int col, float& lse, float& delta) {
             lse = lse_s[col];
             delta = delta_s[col];
@@ -428,8 +417,9 @@ struct QueryGradConfig {
   static constexpr int kSmemBytes = (2 * kRows * D + 2 * 2 * kKeys * D) * 2;
 };
 
-template <class T, int D, bool kScoreMod>
-__global__ void __launch_bounds__(QueryGradConfig<D>::kThreads, 1) query_grad_kernel(const BackwardParams<T> p) {
+template <class T, int D, class Hook>
+__global__ void __launch_bounds__(QueryGradConfig<D>::kThreads, 1)
+    query_grad_kernel(const BackwardParams<T> p, const Hook hook) {
   constexpr int kThreads = QueryGradConfig<D>::kThreads;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);
@@ -465,6 +455,9 @@ __global__ void __launch_bounds__(QueryGradConfig<D>::kThreads, 1) query_grad_ke
   float lse[2], delta[2];
   PairGeometry g{};
   g.query_major = true;
+  g.batch = item.x;
+  g.q_len = q_len;
+  g.kv_len = kv_len;
   g.offset = kv_len - q_len;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -474,7 +467,7 @@ __global__ void __launch_bounds__(QueryGradConfig<D>::kThreads, 1) query_grad_ke
     lse[i] = q < q_len ? p.lse_log2[at] : INFINITY;
     delta[i] = q < q_len ? p.delta[at] : 0.0f;
   }
-  const float alibi = p.alibi_slopes ? p.alibi_slopes[head] * kLog2e : 0.0f;
+  const typename Hook::Head head_state = hook.head(p, head, true);
   const uint32_t q_frag = smem_addr(q_smem) + frag_offset<D>(warp_row0 + lane % 16, lane / 16);
   const uint32_t do_frag = smem_addr(do_smem) + frag_offset<D>(warp_row0 + lane % 16, lane / 16);
   const uint32_t b_rows = frag_offset<D>((lane / 16) * 8 + lane % 8, (lane / 8) % 2);
@@ -505,8 +498,8 @@ __global__ void __launch_bounds__(QueryGradConfig<D>::kThreads, 1) query_grad_ke
         g.words[i] = bits & live;
       }
       g.col0_pos = kv0;
-      gradient_of_scores<kScoreMod>(
-          p, s, dp, g, alibi,
+      gradient_of_scores(
+          p, hook, s, dp, g, head_state,
           [&](int i, int, float& l, float& d) {
             l = lse[i];
             d = delta[i];

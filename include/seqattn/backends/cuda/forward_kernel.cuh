@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include "seqattn/backends/cuda/device_primitives.cuh"
+#include "seqattn/backends/cuda/score_hooks.cuh"
 
 namespace seqattn::cuda::detail {
 
@@ -104,11 +105,11 @@ __device__ __forceinline__ RowId row_id(const ForwardParams<T>& p, int row, int 
   return {q, head, q < q_len && q < q_begin + p.queries_per_cta};
 }
 
-// What one CTA computes: its sequence, queries, kv head and the slice of its
-// mask row's entries that its KV split covers.
+// What one CTA computes: its sequence (and its index, ScoreIndex's batch),
+// queries, kv head and the slice of its mask row's entries that its KV split covers.
 struct CtaTask {
   const DeviceSequence* seq;
-  int head_group, split;
+  int batch, head_group, split;
   int q_begin, q_len, kv_len, q_block, kv_head;
   int e_begin, e_end;  // entries [e_begin, e_end)
 };
@@ -118,6 +119,7 @@ __device__ __forceinline__ CtaTask cta_task(const ForwardParams<T>& p) {
   CtaTask c;
   const int2 item = p.items[blockIdx.x];
   c.seq = &p.sequences[item.x];
+  c.batch = item.x;
   c.head_group = blockIdx.y;
   c.split = blockIdx.z;
   c.q_begin = item.y;
@@ -160,28 +162,26 @@ __device__ __forceinline__ void load_kv(T* k_stage, T* v_stage, int entry, const
 }
 
 // score_mod_slice: one m16 x 64 slice of scores (C fragments, rows
-// row0 + lane/4 and + 8) to log2-unit logits: softcap(scale * s) - ALiBi.
-template <class T, int N>
-__device__ __forceinline__ void score_mod_slice(const ForwardParams<T>& p, float (&s)[N][4], int row0, int q_begin,
-                                                int q_len, int kv_len, int head_group, int key0, int lane,
-                                                int col0 = 0) {
-  float alibi[2] = {0.0f, 0.0f};
+// row0 + lane/4 and + 8) to log2-unit logits through the score hook
+// (score_hooks.cuh), e.g. softcap(scale * s) - ALiBi.
+template <class Hook, class T, int N>
+__device__ __forceinline__ void score_mod_slice(const ForwardParams<T>& p, const Hook& hook, float (&s)[N][4], int row0,
+                                                int batch, int q_begin, int q_len, int kv_len, int head_group, int key0,
+                                                int lane, int col0 = 0) {
+  typename Hook::Head head[2];
   int row_q[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const RowId r = row_id(p, row0 + lane / 4 + 8 * i, q_begin, q_len, head_group);
     row_q[i] = r.q;
-    if (p.alibi_slopes && r.valid) alibi[i] = p.alibi_slopes[r.head] * kLog2e;
+    head[i] = hook.head(p, r.head, r.valid);
   }
 #pragma unroll
   for (int nt = 0; nt < N; ++nt) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int i = c / 2, key = key0 + col0 + nt * 8 + (lane % 4) * 2 + (c % 2);
-      float x = s[nt][c];
-      x = p.softcap_log2 != 0.0f ? p.softcap_log2 * tanhf(x * p.softcap_inner) : x * p.scale_log2;
-      if (p.alibi_slopes) x -= alibi[i] * fabsf(static_cast<float>(row_q[i] + kv_len - q_len - key));
-      s[nt][c] = x;
+      s[nt][c] = hook.logit(p, head[i], s[nt][c], ScorePair{batch, row_q[i], key, q_len, kv_len, kv_len - q_len});
     }
   }
 }
@@ -203,10 +203,13 @@ __device__ __forceinline__ void mask_slice(const ForwardParams<T>& p, float (&s)
   apply_row_bits(s, words, col0, lane);
 }
 
-// kScoreMod: the variant changes scores beyond the scale (softcap or ALiBi).
-// A separate instantiation keeps the plain kernel's registers for the tiles.
-template <class T, int D, bool kScoreMod>
-__global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(const ForwardParams<T> p) {
+// Hook: the score hook (score_hooks.cuh). PlainScores (scale only) keeps the
+// plain kernel's registers for the tiles; any other hook changes the scores
+// into log2-unit logits before the mask.
+template <class T, int D, class Hook>
+__global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1)
+    forward_kernel(const ForwardParams<T> p, const Hook hook) {
+  constexpr bool kScoreMod = Hook::kModifiesScores;
   using Cfg = KernelConfig<D>;
   using Mma = MmaType<T>;
   constexpr int kS = Cfg::kSlices;
@@ -301,7 +304,8 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1) forward_kernel(c
       if constexpr (kScoreMod) {
 #pragma unroll
         for (int t = 0; t < kS; ++t) {
-          score_mod_slice(p, s[t], warp_row0 + t * 16, q_begin, q_len, kv_len, head_group, key0, lane);
+          score_mod_slice(p, hook, s[t], warp_row0 + t * 16, task.batch, q_begin, q_len, kv_len, head_group, key0,
+                          lane);
         }
       }
       if (entry.y >= 0 || key0 + kKeys > kv_len) {
@@ -474,8 +478,9 @@ struct DecodeConfig {
   static_assert(4 * 16 * D * 4 + 2 * 4 * 16 * 4 <= 2 * kStages * kKeys * D * 2, "merge buffer fits in K/V space");
 };
 
-template <class T, int D, bool kScoreMod>
-__global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const ForwardParams<T> p) {
+template <class T, int D, class Hook>
+__global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const ForwardParams<T> p, const Hook hook) {
+  constexpr bool kScoreMod = Hook::kModifiesScores;
   static_assert(D <= 128, "the decode kernel keeps Q fragments in registers");
   using Cfg = DecodeConfig<D>;
   using Mma = MmaType<T>;
@@ -533,7 +538,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Forward
       mma_16816<T>(sc[1], qa[kk], b[2], b[3]);
     }
     const int key0 = entry.x * kKeys;
-    if constexpr (kScoreMod) score_mod_slice(p, sc, 0, q_begin, q_len, kv_len, head_group, key0, lane, col0);
+    if constexpr (kScoreMod) {
+      score_mod_slice(p, hook, sc, 0, task.batch, q_begin, q_len, kv_len, head_group, key0, lane, col0);
+    }
     if (entry.y >= 0 || key0 + kKeys > kv_len) {
       mask_slice(p, sc, 0, q_begin, q_len, kv_len, head_group, key0, entry.y, q_block, lane, col0);
     }

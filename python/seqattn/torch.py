@@ -353,7 +353,10 @@ def attention(q, k, v, mask=None, *, segment_ids=None, kv_segment_ids=None, posi
     ``kv_segment_ids`` ``[B, S_kv]``, ``positions``, ``kv_positions``) add a document mask around it, planned
     per call from the ids: they are tensors, so ``torch.compile`` traces them and new ids of the same shape
     run the same graph. ``plan``: a plan from :func:`plan` (or ``seqattn.plan`` on BSHD shapes), holding the
-    mask; a mask without ids is planned once per call shape and cached. ``scale`` defaults to 1/sqrt(D);
+    mask; a mask without ids is planned once per call shape and cached. Masks and plans reach the op as
+    integer handles: each distinct object is registered once and kept for the life of the process (as in
+    seqattn.jax), so make them once, outside the step (torch.compile cannot construct one while tracing),
+    and pass per-batch documents as ``segment_ids``. ``scale`` defaults to 1/sqrt(D);
     ``softcap`` None/0 disables; ``sinks``: a float tensor ``[Hq]`` of sink logits (gpt-oss).
     ``threads``: None runs on ``torch.get_num_threads()`` threads (read when the op runs); 0 on every
     hardware thread. A row no key may attend to gets 0 (flex_attention and SDPA give NaN or the mean of v).

@@ -143,7 +143,7 @@ def block_mask(mask, B, H, Q_LEN=None, KV_LEN=None, BLOCK_SIZE=128, *, device="c
 # by torch.compile like q, k and v.
 
 _objects = {}  # handle -> mask or Plan
-_handles = {}  # id(object) -> handle; holding the object keeps its id() unique
+_handles = {}  # _key(object) -> handle; holding the object keeps its id() unique
 _plans = {}  # (handle, shapes, backward, threads) -> Plan of a mask's call shape
 _MAX_CACHED_PLANS = 64
 
@@ -153,12 +153,27 @@ def _handle(obj):
     """The integer standing for a mask or a plan at the op boundary (0: none): a constant under torch.compile."""
     if obj is None:
         return 0
-    h = _handles.get(id(obj))
+    key = _key(obj)
+    h = _handles.get(key)
     if h is None:
         h = len(_objects) + 1
         _objects[h] = obj
-        _handles[id(obj)] = h
+        _handles[key] = h
     return h
+
+
+def _key(obj):
+    """What identifies a mask or plan in the registry.
+
+    A mask that holds no data of its own (no batch, no lengths: causal, window, chunked, compositions of them)
+    is described exactly by its repr, so ``attention(q, k, v, seqattn.CausalMask())`` called in a loop
+    registers one mask, not one per call. Anything else (ids, indices, plans) is identified by the object.
+    """
+    if isinstance(obj, Mask) and obj.batch is None and obj.lengths is None:
+        r = repr(obj)
+        if "<" not in r:  # data is shown abbreviated, as <...>
+            return ("mask", type(obj).__qualname__, r)
+    return id(obj)
 
 
 def _bshd(t):
@@ -355,8 +370,9 @@ def attention(q, k, v, mask=None, *, segment_ids=None, kv_segment_ids=None, posi
     run the same graph. ``plan``: a plan from :func:`plan` (or ``seqattn.plan`` on BSHD shapes), holding the
     mask; a mask without ids is planned once per call shape and cached. Masks and plans reach the op as
     integer handles: each distinct object is registered once and kept for the life of the process (as in
-    seqattn.jax), so make them once, outside the step (torch.compile cannot construct one while tracing),
-    and pass per-batch documents as ``segment_ids``. ``scale`` defaults to 1/sqrt(D);
+    seqattn.jax; masks without data of their own, such as causal or a window, by their description), so make
+    masks that hold data once, outside the step (torch.compile cannot construct one while tracing), and pass
+    per-batch documents as ``segment_ids``. ``scale`` defaults to 1/sqrt(D);
     ``softcap`` None/0 disables; ``sinks``: a float tensor ``[Hq]`` of sink logits (gpt-oss).
     ``threads``: None runs on ``torch.get_num_threads()`` threads (read when the op runs); 0 on every
     hardware thread. A row no key may attend to gets 0 (flex_attention and SDPA give NaN or the mean of v).

@@ -260,6 +260,18 @@ def test_plans_and_threads():
         st.attention(*other, plan=p)
 
 
+def test_masks_without_data_share_one_handle():
+    q, k, v = (x.detach() for x in inputs(1, 2, 2, 20, 20, 16, torch.float32, seed=0))
+    st.attention(q, k, v, seqattn.CausalMask() & seqattn.SlidingWindowMask(5, 0))
+    before = len(st._objects)
+    for _ in range(3):  # a new, equal mask object per call: no new registration, the cached plan
+        st.attention(q, k, v, seqattn.CausalMask() & seqattn.SlidingWindowMask(5, 0))
+    assert len(st._objects) == before
+    assert st._handle(seqattn.SlidingWindowMask(5, 0)) != st._handle(seqattn.SlidingWindowMask(6, 0))
+    docs = [seqattn.DocumentMask([[1] * 10 + [2] * 10]) for _ in range(2)]  # data: one handle per object
+    assert st._handle(docs[0]) != st._handle(docs[1])
+
+
 def test_errors_name_the_arguments_and_shapes():
     q, k, v = inputs(1, 4, 2, 10, 10, 16, torch.float32, seed=0)
     with pytest.raises(ValueError, match=r"enable_gqa=True.*q \(1, 4, 10, 16\), k \(1, 2, 10, 16\)"):

@@ -33,6 +33,11 @@ def best_of(fn, repeat=3):
     return best
 
 
+def cpu_name():
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
+
+
 def sgemm_gflops():
     a = np.random.default_rng(0).standard_normal((2048, 2048), np.float32)
     t = best_of(lambda: a @ a)

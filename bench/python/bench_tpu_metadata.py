@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import seqattn
 from seqattn import tpu
 
-from bench_attention import best_of, read_gbps
+from bench_attention import best_of, cpu_name, read_gbps
 
 
 def documents(rng, s, docs):
@@ -37,11 +37,6 @@ def documents(rng, s, docs):
     cuts = np.sort(rng.choice(np.arange(1, s), docs - 1, replace=False))
     lengths = np.diff(np.concatenate([[0], cuts, [s]]))
     return np.repeat(np.arange(1, docs + 1, dtype=np.int32), lengths)[None, :]
-
-
-def cpu_name():
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
 
 
 def metadata_arguments(doc):

@@ -1,4 +1,11 @@
-"""PyTorch flex_attention BlockMasks from seqattn masks.
+"""seqattn for PyTorch: the CPU engine as a custom op, and flex_attention BlockMasks.
+
+``attention(q, k, v, mask)`` runs seqattn's CPU engine on torch tensors in
+flex_attention's layout (q ``[B, Hq, S, D]``, k / v ``[B, Hkv, S_kv, D]``) as
+the custom ops ``seqattn::attention_forward`` / ``seqattn::attention_backward``:
+differentiable (``torch.autograd``), traceable by ``torch.compile`` (fake
+kernels; no graph break), with segment ids as traced tensors (new ids of the
+same shape: no recompilation). Details in :func:`attention`.
 
 ``block_mask(mask, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128)`` returns a real
 ``torch.nn.attention.flex_attention.BlockMask`` whose block lists are exactly
@@ -12,12 +19,20 @@ with it, compiled or not. The rules: docs/semantics/splash-and-flex.md §7-§9.
 
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask as FlexBlockMask
 
 from . import _core
+from ._arrays import check_threads
 from ._core import BlockMask, Mask
+from .attention import Plan
+from .attention import attention as _np_attention
+from .attention import attention_backward as _np_attention_backward
+from .attention import plan as _np_plan
 
 _EMPTY_TILE = -1
 _FULL_TILE = -2
@@ -120,4 +135,277 @@ def block_mask(mask, B, H, Q_LEN=None, KV_LEN=None, BLOCK_SIZE=128, *, device="c
     )
 
 
-__all__ = ["block_mask", "block_mask_arrays", "tile_mask_mod"]
+# ---- seqattn's CPU engine as a torch custom op ----
+#
+# Masks and plans cannot cross the op boundary: they are registered here and
+# travel as an integer handle (as seqattn.jax passes its masks to the XLA
+# handlers), kept for the life of the process. Segment ids are tensors, traced
+# by torch.compile like q, k and v.
+
+_objects = {}  # handle -> mask or Plan
+_handles = {}  # _key(object) -> handle; holding the object keeps its id() unique
+_plans = {}  # (handle, shapes, backward, threads) -> Plan of a mask's call shape
+_MAX_CACHED_PLANS = 64
+
+
+@torch.compiler.assume_constant_result
+def _handle(obj):
+    """The integer standing for a mask or a plan at the op boundary (0: none): a constant under torch.compile."""
+    if obj is None:
+        return 0
+    key = _key(obj)
+    h = _handles.get(key)
+    if h is None:
+        h = len(_objects) + 1
+        _objects[h] = obj
+        _handles[key] = h
+    return h
+
+
+def _key(obj):
+    """What identifies a mask or plan in the registry.
+
+    A mask that holds no data of its own (no batch, no lengths: causal, window, chunked, compositions of them)
+    is described exactly by its repr, so ``attention(q, k, v, seqattn.CausalMask())`` called in a loop
+    registers one mask, not one per call. Anything else (ids, indices, plans) is identified by the object.
+    """
+    if isinstance(obj, Mask) and obj.batch is None and obj.lengths is None:
+        r = repr(obj)
+        if "<" not in r:  # data is shown abbreviated, as <...>
+            return ("mask", type(obj).__qualname__, r)
+    return id(obj)
+
+
+def _bshd(t):
+    """A NumPy view of a CPU tensor [B, H, S, D] as BSHD [B, S, H, D]: strides only, no copy.
+
+    bfloat16 tensors are viewed as ml_dtypes.bfloat16 (the same bits).
+    """
+    t = t.detach().transpose(1, 2)
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _from_engine(a):
+    """A tensor sharing the memory of an array the engine returned (BSHD [B, S, H, D] -> [B, H, S, D] by strides)."""
+    if a.dtype == np.float32:
+        t = torch.from_numpy(a)
+    else:  # ml_dtypes.bfloat16
+        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return t.transpose(1, 2)
+
+
+def _ids(t):
+    # int32 ids are viewed; other integer widths are range-checked and converted by seqattn ([B, S]: small).
+    return None if t is None else t.detach().numpy()
+
+
+def _threads(threads):
+    return torch.get_num_threads() if threads < 0 else threads
+
+
+def _call(q, k, v, ids, handle, backward, threads):
+    """The keyword arguments that give seqattn.attention / attention_backward the mask or plan of a call."""
+    obj = _objects.get(handle) if handle else None
+    if isinstance(obj, Plan):
+        return {"plan": obj}
+    segment_ids, kv_segment_ids, positions, kv_positions = (_ids(t) for t in ids)
+    if segment_ids is not None:  # a document mask over this call's ids: planned per call
+        return {"mask": obj, "segment_ids": segment_ids, "kv_segment_ids": kv_segment_ids, "positions": positions,
+                "kv_positions": kv_positions}
+    # A static mask: planned once per call shape.
+    key = (handle, tuple(q.shape), tuple(k.shape), tuple(v.shape), backward, threads)
+    p = _plans.get(key)
+    if p is None:
+        shapes = [(s[0], s[2], s[1], s[3]) for s in (q.shape, k.shape, v.shape)]
+        p = _np_plan(*shapes, obj, backward=backward, threads=threads)
+        if len(_plans) >= _MAX_CACHED_PLANS:
+            _plans.pop(next(iter(_plans)))
+        _plans[key] = p
+    return {"plan": p}
+
+
+@torch.library.custom_op("seqattn::attention_forward", mutates_args=(), device_types="cpu")
+def _forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_ids: Optional[torch.Tensor],
+                kv_segment_ids: Optional[torch.Tensor], positions: Optional[torch.Tensor],
+                kv_positions: Optional[torch.Tensor], sinks: Optional[torch.Tensor], handle: int,
+                scale: Optional[float], softcap: Optional[float], threads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    threads = _threads(threads)
+    call = _call(q, k, v, (segment_ids, kv_segment_ids, positions, kv_positions), handle, False, threads)
+    s = None if sinks is None else sinks.detach().to(torch.float32).numpy()
+    out, lse = _np_attention(_bshd(q), _bshd(k), _bshd(v), scale=scale, softcap=softcap, sinks=s, threads=threads,
+                             **call)
+    return _from_engine(out), torch.from_numpy(lse)
+
+
+@_forward_op.register_fake
+def _forward_fake(q, k, v, segment_ids, kv_segment_ids, positions, kv_positions, sinks, handle, scale, softcap,
+                  threads):
+    b, h, s, _ = q.shape
+    out = q.new_empty((b, s, h, v.shape[-1])).transpose(1, 2)
+    return out, q.new_empty((b, h, s), dtype=torch.float32)
+
+
+@torch.library.custom_op("seqattn::attention_backward", mutates_args=(), device_types="cpu")
+def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 dout: torch.Tensor, segment_ids: Optional[torch.Tensor], kv_segment_ids: Optional[torch.Tensor],
+                 positions: Optional[torch.Tensor], kv_positions: Optional[torch.Tensor],
+                 sinks: Optional[torch.Tensor], handle: int, scale: Optional[float], softcap: Optional[float],
+                 threads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    threads = _threads(threads)
+    call = _call(q, k, v, (segment_ids, kv_segment_ids, positions, kv_positions), handle, True, threads)
+    dq, dk, dv = _np_attention_backward(_bshd(q), _bshd(k), _bshd(v), _bshd(out), lse.detach().numpy(), _bshd(dout),
+                                        scale=scale, softcap=softcap, threads=threads, **call)
+    return _from_engine(dq), _from_engine(dk), _from_engine(dv), _sinks_grad(out, lse, dout, sinks)
+
+
+def _sinks_grad(out, lse, dout, sinks):
+    """d loss / d sink_h = -sum over rows of p_sink * rowsum(dout * out), p_sink = exp(sink_h - lse) ([0]: no sinks).
+
+    The engine's LSE includes the sink, so its dq, dk, dv are those of the call with sinks.
+    """
+    if sinks is None:
+        return lse.new_empty((0,))
+    delta = (dout.to(torch.float32) * out.to(torch.float32)).sum(-1)  # [B, H, S]
+    p_sink = torch.exp(sinks.detach().to(torch.float32)[None, :, None] - lse)
+    return (-(p_sink * delta).sum((0, 2))).to(sinks.dtype)
+
+
+@_backward_op.register_fake
+def _backward_fake(q, k, v, out, lse, dout, segment_ids, kv_segment_ids, positions, kv_positions, sinks, handle,
+                   scale, softcap, threads):
+    def like(t):
+        b, h, s, d = t.shape
+        return t.new_empty((b, s, h, d)).transpose(1, 2)
+
+    dsinks = lse.new_empty((0,)) if sinks is None else sinks.new_empty(sinks.shape)
+    return like(q), like(k), like(v), dsinks
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, segment_ids, kv_segment_ids, positions, kv_positions, sinks, handle, scale, softcap, threads = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, segment_ids, kv_segment_ids, positions, kv_positions, sinks)
+    ctx.options = (handle, scale, softcap, threads)
+
+
+def _autograd_backward(ctx, dout, dlse):
+    q, k, v, out, lse, segment_ids, kv_segment_ids, positions, kv_positions, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = _backward_op(q, k, v, out, lse, dout, segment_ids, kv_segment_ids, positions, kv_positions,
+                                      sinks, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None if sinks is None else dsinks, None, None, None, None
+
+
+_forward_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def _check_ids(t, name, b, s, who):
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{who}: {name} must be an integer torch.Tensor [B, S], got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or tuple(t.shape) != (b, s):
+        raise ValueError(f"{who}: {name} must be an integer tensor of shape ({b}, {s}), got {t.dtype} of shape "
+                         f"{tuple(t.shape)}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{who}: {name} must be on the CPU, got device {t.device}")
+
+
+def _check_qkv(q, k, v, enable_gqa, who):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{who}: {name} must be a 4-D torch.Tensor [B, H, S, D], got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if t.device.type != "cpu":
+            raise ValueError(f"{who}: {name} must be a CPU tensor (seqattn's CPU engine), got device {t.device}")
+    if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"{who}: q, k and v must all be float32 or all bfloat16 (the engine's storage types; "
+                         f"convert float16 with .float() or .bfloat16()), got {q.dtype}, {k.dtype}, {v.dtype}")
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if not q.shape[0] == k.shape[0] == v.shape[0] or k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise ValueError(f"{who}: q [B, Hq, S, D], k [B, Hkv, S_kv, D], v [B, Hkv, S_kv, Dv] must agree in B, and "
+                         f"k and v in Hkv and S_kv; got {shapes}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"{who}: q and k must have the same head dim D, got {shapes}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv and not enable_gqa:
+        raise ValueError(f"{who}: q has {hq} heads and k / v {hkv}: pass enable_gqa=True for grouped-query "
+                         f"attention; got {shapes}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"{who}: the query heads ({hq}) must be a multiple of the key/value heads ({hkv}); "
+                         f"got {shapes}")
+
+
+def plan(q, k, v, mask=None, *, backward=True, threads=None):
+    """A seqattn :class:`~seqattn.Plan` for :func:`attention` on tensors (or shapes) ``[B, H, S, D]``.
+
+    ``backward=True`` (the default) plans the backward pass too; ``threads`` (None: ``torch.get_num_threads()``)
+    is what the work is split for.
+    """
+    shapes = [tuple(int(d) for d in (x.shape if hasattr(x, "shape") else x)) for x in (q, k, v)]
+    for name, s in zip("qkv", shapes):
+        if len(s) != 4:
+            raise ValueError(f"seqattn.torch.plan: {name} must be [B, H, S, D], got shape {s}")
+    bshd = [(s[0], s[2], s[1], s[3]) for s in shapes]
+    threads = torch.get_num_threads() if threads is None else threads
+    return _np_plan(*bshd, mask, backward=backward, threads=threads)
+
+
+def attention(q, k, v, mask=None, *, segment_ids=None, kv_segment_ids=None, positions=None, kv_positions=None,
+              plan=None, scale=None, softcap=None, sinks=None, enable_gqa=False, return_lse=False, threads=None):
+    """softmax(mask(softcap(scale * q k^T))) v on seqattn's CPU engine, as a torch custom op.
+
+    q ``[B, Hq, S, D]``, k ``[B, Hkv, S_kv, D]``, v ``[B, Hkv, S_kv, Dv]`` (flex_attention's layout; Hq a
+    multiple of Hkv with ``enable_gqa=True``), float32 or bfloat16 CPU tensors, any strides (the engine reads
+    them in place). Returns out ``[B, Hq, S, Dv]`` (a view of the engine's BSHD result: strides
+    ``[S*Hq*Dv, Dv, Hq*Dv, 1]``) and, with ``return_lse``, the natural-log LSE ``[B, Hq, S]`` (fp32, detached:
+    not differentiated). Gradients reach q, k, v and ``sinks`` through the engine's deterministic backward.
+
+    ``mask``: any seqattn.Mask (default full); ``segment_ids`` ``[B, S]`` (integer tensor, 0 = padding; and
+    ``kv_segment_ids`` ``[B, S_kv]``, ``positions``, ``kv_positions``) add a document mask around it, planned
+    per call from the ids: they are tensors, so ``torch.compile`` traces them and new ids of the same shape
+    run the same graph. ``plan``: a plan from :func:`plan` (or ``seqattn.plan`` on BSHD shapes), holding the
+    mask; a mask without ids is planned once per call shape and cached. Masks and plans reach the op as
+    integer handles: each distinct object is registered once and kept for the life of the process (as in
+    seqattn.jax; masks without data of their own, such as causal or a window, by their description), so make
+    masks that hold data once, outside the step (torch.compile cannot construct one while tracing), and pass
+    per-batch documents as ``segment_ids``. ``scale`` defaults to 1/sqrt(D);
+    ``softcap`` None/0 disables; ``sinks``: a float tensor ``[Hq]`` of sink logits (gpt-oss).
+    ``threads``: None runs on ``torch.get_num_threads()`` threads (read when the op runs); 0 on every
+    hardware thread. A row no key may attend to gets 0 (flex_attention and SDPA give NaN or the mean of v).
+    """
+    who = "seqattn.torch.attention"
+    _check_qkv(q, k, v, enable_gqa, who)
+    b, s, s_kv = q.shape[0], q.shape[2], k.shape[2]
+    if mask is not None and not isinstance(mask, Mask):
+        raise ValueError(f"{who}: mask must be a seqattn.Mask or None, got {type(mask).__name__}")
+    if plan is not None:
+        if not isinstance(plan, Plan):
+            raise ValueError(f"{who}: plan must be a seqattn.Plan (from seqattn.torch.plan), got "
+                             f"{type(plan).__name__}")
+        if mask is not None or segment_ids is not None:
+            raise ValueError(f"{who}: the plan already holds the mask; give mask / segment_ids or a plan, not both")
+    ids = {"segment_ids": (segment_ids, s), "kv_segment_ids": (kv_segment_ids, s_kv), "positions": (positions, s),
+           "kv_positions": (kv_positions, s_kv)}
+    for name, (t, n) in ids.items():
+        _check_ids(t, name, b, n, who)
+    if segment_ids is None and any(t is not None for t, _ in ids.values()):
+        raise ValueError(f"{who}: kv_segment_ids / positions / kv_positions given without segment_ids")
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or not sinks.dtype.is_floating_point
+                              or tuple(sinks.shape) != (q.shape[1],)):
+        raise ValueError(f"{who}: sinks must be a float tensor of one logit per query head, shape ({q.shape[1]},), "
+                         f"got {tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else type(sinks).__name__}")
+    threads = -1 if threads is None else check_threads(threads)
+    scale = None if scale is None else float(scale)
+    softcap = None if softcap is None or softcap == 0 else float(softcap)
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{who}: scale must be finite, got {scale}")
+    out, lse = _forward_op(q, k, v, segment_ids, kv_segment_ids, positions, kv_positions, sinks,
+                           _handle(plan if plan is not None else mask), scale, softcap, threads)
+    return (out, lse.detach()) if return_lse else out
+
+
+__all__ = ["attention", "block_mask", "block_mask_arrays", "plan", "tile_mask_mod"]

@@ -5,6 +5,7 @@ what an earlier one defined (the second uses the first's imports), nothing else 
 names README.md and the line of the failing statement.
 """
 
+import linecache
 import pathlib
 import re
 
@@ -25,5 +26,10 @@ def test_readme_has_python_blocks():
 def test_readme_python_blocks_run_as_written():
     namespace = {"__name__": "__readme__"}
     for line, block in python_blocks():
-        # Padding with newlines makes the traceback's line numbers those of README.md.
-        exec(compile("\n" * line + block, str(README), "exec"), namespace)
+        # Padding with newlines makes the traceback's line numbers those of README.md. Each block is its own
+        # "file" whose source linecache holds: tools that read the source of a function (inspect.getsource,
+        # torch.compile's tracer, which tokenizes the whole file) see this block as Python, not the Markdown.
+        source = "\n" * line + block
+        name = f"{README} (python block at line {line + 1})"
+        linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
+        exec(compile(source, name, "exec"), namespace)

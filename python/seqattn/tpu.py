@@ -477,6 +477,12 @@ def _static_blocks(static):
     return np.concatenate([blocks, np.ones((1,) + blocks.shape[1:], np.bool_)])
 
 
+def _partial_block_of(static_classes, static_mask_next, ones):
+    """int32 per tile: the static partial block of a tile the static mask has partial, else ``ones`` (the
+    appended all-ones block) -- the element mask of a tile the documents make partial."""
+    return jnp.asarray(np.where(static_classes == 1, static_mask_next, ones).astype(np.int32))
+
+
 def _traced_mask_info(classes, static, *, is_dkv, downcast):
     """One example's (data_next, mask_next, block_mask) from its tile classes and the static mask's MaskInfo.
 
@@ -490,9 +496,8 @@ def _traced_mask_info(classes, static, *, is_dkv, downcast):
     has_blocks = static.partial_mask_blocks is not None
     if has_blocks:
         ones = int(np.shape(static.partial_mask_blocks)[0])
-        own = np.broadcast_to(np.asarray(static.mask_next, np.int32), (heads, nq, nkv))
-        static_partial = np.broadcast_to(np.asarray(static.block_mask) == 1, (heads, nq, nkv))
-        block_of = jnp.asarray(np.where(static_partial, own, ones).astype(np.int32))
+        block_of = _partial_block_of(np.broadcast_to(np.asarray(static.block_mask), (heads, nq, nkv)),
+                                     np.broadcast_to(np.asarray(static.mask_next), (heads, nq, nkv)), ones)
 
     # Splash's iteration order: (head, q-block, kv-block) forward, (kv-block, head, q-block) for dK/dV, whose
     # data_next holds q-block indices.
@@ -583,6 +588,34 @@ def _padding_diagonal_tiles(ids, bq, bkv):
     return (hits > 0).reshape(n, nq, nkv)
 
 
+def _pass_classes(who, segment_ids, positions, mask, passes):
+    """(S, [(name, (bq, bkv), is_dkv, classes [B, H, nq, nkv]) per pass]) for the traced metadata builders.
+
+    Checks the ids and that every pass's block sizes divide S; passes with equal block sizes share their
+    classes; the forward pass also visits each padding token's own tile (``_padding_diagonal_tiles``).
+    """
+    ids = _as_int32(segment_ids, "segment_ids", who)
+    if ids.ndim != 2:
+        raise ValueError(f"{who}: segment_ids must have shape (B, S), got {_shape(ids)}")
+    s = ids.shape[1]
+    for name, (bq, bkv), _ in passes:
+        if s % bq or s % bkv:
+            raise ValueError(
+                f"{who}: the sequence length {s} (segment_ids {_shape(ids)}) must be a multiple of the {name} "
+                f"block sizes ({bq}, {bkv}) (Splash has no short blocks)"
+            )
+    shared, out = {}, []
+    for name, (bq, bkv), is_dkv in passes:
+        if (bq, bkv) not in shared:
+            shared[bq, bkv] = block_classes(ids, positions, inner=mask, block_size=(bq, bkv))
+        classes = shared[bq, bkv]
+        if name == "forward":
+            extra = (classes == 0) & _padding_diagonal_tiles(ids, bq, bkv)[:, None]
+            classes = jnp.where(extra, jnp.int8(1), classes)
+        out.append((name, (bq, bkv), is_dkv, classes))
+    return s, out
+
+
 def splash_mask_info(segment_ids, positions=None, *, mask=None, block_sizes=None, downcast_smem_data=True):
     """Splash's forward, dQ and dK/dV MaskInfos of packed documents, from traced segment ids, under jit.
 
@@ -603,31 +636,16 @@ def splash_mask_info(segment_ids, positions=None, *, mask=None, block_sizes=None
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
 
     specs, block_sizes, mask = _splash_setup(mask, block_sizes, "splash_mask_info")
-    ids = _as_int32(segment_ids, "segment_ids", "splash_mask_info")
-    if ids.ndim != 2:
-        raise ValueError(f"splash_mask_info: segment_ids must have shape (B, S), got {_shape(ids)}")
-    s, heads = ids.shape[1], len(specs)
     shapes = [("forward", (block_sizes.block_q, block_sizes.block_kv), False)]
     if block_sizes.has_backward_blocks:
         if not block_sizes.use_fused_bwd_kernel:
             shapes.append(("dq", (block_sizes.block_q_dq, block_sizes.block_kv_dq), False))
         shapes.append(("dkv", (block_sizes.block_q_dkv, block_sizes.block_kv_dkv), True))
-    for name, (bq, bkv), _ in shapes:
-        if s % bq or s % bkv:
-            raise ValueError(
-                f"splash_mask_info: the sequence length {s} (segment_ids {_shape(ids)}) must be a multiple of the "
-                f"{name} block sizes ({bq}, {bkv}) (Splash has no short blocks)"
-            )
-    infos, fn, classes_of = {}, None, {}
-    for name, (bq, bkv), is_dkv in shapes:
-        static, f = _static_info(mask, (bq, bkv), is_dkv, s, heads, downcast_smem_data)
+    s, passes = _pass_classes("splash_mask_info", segment_ids, positions, mask, shapes)
+    infos, fn = {}, None
+    for name, (bq, bkv), is_dkv, classes in passes:
+        static, f = _static_info(mask, (bq, bkv), is_dkv, s, len(specs), downcast_smem_data)
         fn = f if name == "forward" else fn
-        if (bq, bkv) not in classes_of:  # passes with equal block sizes share their classes
-            classes_of[bq, bkv] = block_classes(ids, positions, inner=mask, block_size=(bq, bkv))
-        classes = classes_of[bq, bkv]
-        if name == "forward":
-            extra = (classes == 0) & _padding_diagonal_tiles(ids, bq, bkv)[:, None]
-            classes = jnp.where(extra, jnp.int8(1), classes)
         data_next, mask_next, block_mask = jax.vmap(
             lambda c, static=static, is_dkv=is_dkv: _traced_mask_info(c, static, is_dkv=is_dkv,
                                                                       downcast=downcast_smem_data))(classes)
@@ -676,10 +694,8 @@ def _tokamax_traced_info(classes, static, blocks, *, is_dkv, dynamic_grid):
         block_mask = grid.ravel()
     mask_next = None
     if blocks is not None:
-        shape = grid.shape
-        static_classes = np.asarray(static.block_mask, np.int32).reshape(shape)
-        own = np.asarray(static.mask_next, np.int32).reshape(shape)
-        block_of = jnp.asarray(np.where(static_classes == 1, own, blocks.shape[0] - 1).astype(np.int32))
+        block_of = _partial_block_of(np.asarray(static.block_mask).reshape(grid.shape),
+                                     np.asarray(static.mask_next).reshape(grid.shape), blocks.shape[0] - 1)
         mask_next = _next_active(live & (block_mask == 1), block_of[r, c]).astype(jnp.int32)
     lists = dict(active_rows=rows.astype(jnp.int32), active_cols=cols.astype(jnp.int32),
                  num_active_blocks=count[None]) if dynamic_grid else dict(active_rows=None, active_cols=None,
@@ -706,29 +722,17 @@ def tokamax_mask_info(segment_ids, positions=None, *, mask=None, config=None):
     if len(specs) != 1:
         raise ValueError(f"tokamax_mask_info: tokamax has one mask for every head, but {mask!r} has {len(specs)}")
     config = config or tk.SplashConfig.get_default()
-    ids = _as_int32(segment_ids, "segment_ids", "tokamax_mask_info")
-    if ids.ndim != 2:
-        raise ValueError(f"tokamax_mask_info: segment_ids must have shape (B, S), got {_shape(ids)}")
-    s = ids.shape[1]
-    passes = [("forward", (config.block_q, config.block_kv), False)]
+    shapes = [("forward", (config.block_q, config.block_kv), False)]
     if config.has_backward_blocks:
-        passes.append(("dkv", (config.block_q_dkv, config.block_kv_dkv), True))
-    infos, fn, classes_of = {}, None, {}
-    for name, (bq, bkv), is_dkv in passes:
-        if s % bq or s % bkv:
-            raise ValueError(
-                f"tokamax_mask_info: the sequence length {s} (segment_ids {_shape(ids)}) must be a multiple of the "
-                f"{name} block sizes ({bq}, {bkv})"
-            )
+        shapes.append(("dkv", (config.block_q_dkv, config.block_kv_dkv), True))
+    s, passes = _pass_classes("tokamax_mask_info", segment_ids, positions, mask, shapes)
+    infos, fn = {}, None
+    for name, (bq, bkv), is_dkv, classes in passes:
         static, f = static_info(mask, (bq, bkv), is_dkv, q_len=s, kv_len=s, downcast_smem_data=False,
                                 return_dynamic_grid=False)
         fn = f if name == "forward" else fn
-        blocks = _static_blocks(static) if static.block_mask is not None else None
-        if (bq, bkv) not in classes_of:
-            classes_of[bq, bkv] = block_classes(ids, positions, inner=mask, block_size=(bq, bkv))[:, 0]
-        classes = classes_of[bq, bkv]
-        if name == "forward":
-            classes = jnp.where((classes == 0) & _padding_diagonal_tiles(ids, bq, bkv), jnp.int8(1), classes)
+        blocks = _static_blocks(static)
+        classes = classes[:, 0]
         dynamic = not is_dkv or config.dq_reduction_steps == 3
         info = jax.vmap(lambda c, static=static, blocks=blocks, is_dkv=is_dkv, dynamic=dynamic: _tokamax_traced_info(
             c, static, blocks, is_dkv=is_dkv, dynamic_grid=dynamic))(classes)

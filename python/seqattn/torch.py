@@ -27,7 +27,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask as FlexBlockMask
 
 from . import _core
-from ._arrays import check_threads
+from ._arrays import bf16_dtype, check_threads
 from ._core import BlockMask, Mask
 from .attention import Plan
 from .attention import attention as _np_attention
@@ -183,9 +183,7 @@ def _bshd(t):
     """
     t = t.detach().transpose(1, 2)
     if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.view(torch.int16).numpy().view(bf16_dtype())
     return t.numpy()
 
 
@@ -220,8 +218,7 @@ def _call(q, k, v, ids, handle, backward, threads):
     key = (handle, tuple(q.shape), tuple(k.shape), tuple(v.shape), backward, threads)
     p = _plans.get(key)
     if p is None:
-        shapes = [(s[0], s[2], s[1], s[3]) for s in (q.shape, k.shape, v.shape)]
-        p = _np_plan(*shapes, obj, backward=backward, threads=threads)
+        p = plan(q.shape, k.shape, v.shape, obj, backward=backward, threads=threads)
         if len(_plans) >= _MAX_CACHED_PLANS:
             _plans.pop(next(iter(_plans)))
         _plans[key] = p

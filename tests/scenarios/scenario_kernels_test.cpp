@@ -62,16 +62,13 @@ const std::vector<ScenarioKernels>& tables() {
   return all;
 }
 
-// Runs fn(table) on every target and checks that each one ran.
+// Runs fn(table) on every target (the first test case checks there is one table per target).
 template <class Fn>
 void on_every_target(Fn&& fn) {
-  std::int64_t ran = 0;
   for (const ScenarioKernels& k : tables()) {
     INFO("Highway target " << k.target);
     fn(k);
-    ran |= k.target_bit;
   }
-  CHECK(ran == (seqattn::dispatch::scenario_kernel_targets() & hwy::SupportedTargets()));
 }
 
 // got agrees with the exact want: the same non-finite value, or within tol.

@@ -715,23 +715,21 @@ class RingPlan {
   // The checks forward and backward share; `who` names the call in messages.
   void check_call(const char* who, const TensorView<const T>& q, const TensorView<const T>& k,
                   const TensorView<const T>& v, const TensorView<T>& out, const TensorView<float>& lse) const {
-    const std::string prefix = std::string(who) + ": ";
-    const char* kWho = prefix.c_str();
     const char* layout =
         layout_->layout() == Layout::bshd ? " (BSHD shard [B, S_r, H, D])" : " (THD shard [T_r, H, D])";
-    detail::require(q.shape() == q_shape(), kWho, "q must have shape ", q_shape(), layout, " on rank ", rank_, ", got ",
-                    q.shape());
-    detail::require(k.shape() == k_shape(), kWho, "k must have shape ", k_shape(), layout, " on rank ", rank_, ", got ",
-                    k.shape());
-    detail::require(v.shape() == v_shape(), kWho, "v must have shape ", v_shape(), layout, " on rank ", rank_, ", got ",
-                    v.shape());
-    detail::require(out.shape() == out_shape(), kWho, "out must have shape ", out_shape(), " on rank ", rank_, ", got ",
-                    out.shape());
-    detail::require(lse.data() == nullptr || lse.shape() == lse_shape(), kWho, "lse must be empty or have shape ",
+    detail::require(q.shape() == q_shape(), who, ": q must have shape ", q_shape(), layout, " on rank ", rank_,
+                    ", got ", q.shape());
+    detail::require(k.shape() == k_shape(), who, ": k must have shape ", k_shape(), layout, " on rank ", rank_,
+                    ", got ", k.shape());
+    detail::require(v.shape() == v_shape(), who, ": v must have shape ", v_shape(), layout, " on rank ", rank_,
+                    ", got ", v.shape());
+    detail::require(out.shape() == out_shape(), who, ": out must have shape ", out_shape(), " on rank ", rank_,
+                    ", got ", out.shape());
+    detail::require(lse.data() == nullptr || lse.shape() == lse_shape(), who, ": lse must be empty or have shape ",
                     lse_shape(), " on rank ", rank_, ", got ", lse.shape());
     detail::require((q.data() || q.size() == 0) && (k.data() || k.size() == 0) && (v.data() || v.size() == 0) &&
                         (out.data() || out.size() == 0),
-                    kWho, "q, k, v and out must have data");
+                    who, ": q, k, v and out must have data");
     // The engine's rule for its outputs; out and lse must not share memory.
     using seqattn::detail::footprint;
     seqattn::detail::require_disjoint(who, {footprint("out", out), footprint("lse", lse)},

@@ -333,6 +333,10 @@ struct AlibiParts : std::integral_constant<int, std::is_same_v<V, variants::Alib
 template <class... Vs>
 struct AlibiParts<variants::Chain<Vs...>> : std::integral_constant<int, (0 + ... + AlibiParts<Vs>::value)> {};
 
+// A kernel score hook travels to the device by value, as a kernel argument.
+template <class Hook>
+inline constexpr bool kHookFits = std::is_trivially_copyable_v<Hook> && sizeof(Hook) <= 2048;
+
 // A variant that is not built in, as a kernel hook: its score hooks in device
 // code, after the scale of variant_scale.
 template <class V>
@@ -340,8 +344,11 @@ auto variant_scores(const V& v, index_t dk, DeviceVariant& d, const float* slope
   static_assert(AlibiParts<V>::value <= 1, "backends::Cuda: at most one variants::Alibi in a variant");
   d.scale = seqattn::detail::variant_scale(v, dk);
   const auto part = device_part(v, d, slopes);
-  using Parts = ScoreParts<std::decay_t<decltype(part)>>;
-  return VariantScores<Parts>{make_score_parts(part), d.scale};
+  const VariantScores<std::decay_t<decltype(part)>> hook{part, d.scale};
+  static_assert(kHookFits<decltype(hook)>,
+                "backends::Cuda passes a score variant to its kernels by value: it must be trivially copyable "
+                "(hold device pointers and numbers, not containers) and at most 2 KiB");
+  return hook;
 }
 
 template <class T>
@@ -409,15 +416,8 @@ void allow_shared_memory(int bytes, const char* what) {
   done_devices.fetch_or(bit, std::memory_order_acq_rel);
 }
 
-// A kernel score hook travels to the device by value, as a kernel argument.
-template <class Hook>
-inline constexpr bool kHookFits = std::is_trivially_copyable_v<Hook> && sizeof(Hook) <= 2048;
-
 template <class T, int D, class Hook>
 void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, const Hook& hook, cudaStream_t stream) {
-  static_assert(kHookFits<Hook>,
-                "backends::Cuda passes a score variant to its kernels by value: it must be trivially copyable "
-                "(hold device pointers and numbers, not containers) and at most 2 KiB");
   const dim3 grid(static_cast<unsigned>(lp.items.size()), static_cast<unsigned>(lp.head_groups),
                   static_cast<unsigned>(lp.kv_splits));
   if constexpr (D <= 128) {
@@ -477,24 +477,23 @@ bool modifies_scores(const Params& p) {
 // is PlainScores or SoftcapAlibiScores, chosen from the parameters.
 struct BuiltinScores {};
 
-template <class T, int D, class Hook>
-void launch_forward_with(const ForwardParams<T>& p, const LaunchPlan& lp, const Hook& hook, cudaStream_t stream) {
+// Calls launch(hook) with the kernel hook of a call: for the built-in variants
+// PlainScores or SoftcapAlibiScores, chosen from the parameters.
+template <class Params, class Hook, class Launch>
+void with_hook(const Params& p, const Hook& hook, Launch&& launch) {
   if constexpr (std::is_same_v<Hook, BuiltinScores>) {
     if (modifies_scores(p)) {
-      launch_forward<T, D>(p, lp, SoftcapAlibiScores{}, stream);
+      launch(SoftcapAlibiScores{});
     } else {
-      launch_forward<T, D>(p, lp, PlainScores{}, stream);
+      launch(PlainScores{});
     }
   } else {
-    launch_forward<T, D>(p, lp, hook, stream);
+    launch(hook);
   }
 }
 
 template <class T, int D, class Hook>
 void launch_backward(const BackwardParams<T>& p, const BackwardLaunchPlan& lp, const Hook& hook, cudaStream_t stream) {
-  static_assert(kHookFits<Hook>,
-                "backends::Cuda passes a score variant to its kernels by value: it must be trivially copyable "
-                "(hold device pointers and numbers, not containers) and at most 2 KiB");
   const auto query_ctas = static_cast<unsigned>(lp.query_items.size());
   const auto heads = static_cast<unsigned>(p.heads), kv_heads = static_cast<unsigned>(p.heads / p.group);
   // No query at all (every q_len 0): the key pass alone writes dK = dV = 0.
@@ -534,20 +533,6 @@ SEQATTN_CUDA_EXTERN_BACKWARD(float16, 64)
 SEQATTN_CUDA_EXTERN_BACKWARD(float16, 128)
 #undef SEQATTN_CUDA_EXTERN_BACKWARD
 #endif
-
-template <class T, int D, class Hook>
-void launch_backward_with(const BackwardParams<T>& p, const BackwardLaunchPlan& lp, const Hook& hook,
-                          cudaStream_t stream) {
-  if constexpr (std::is_same_v<Hook, BuiltinScores>) {
-    if (modifies_scores(p)) {
-      launch_backward<T, D>(p, lp, SoftcapAlibiScores{}, stream);
-    } else {
-      launch_backward<T, D>(p, lp, PlainScores{}, stream);
-    }
-  } else {
-    launch_backward<T, D>(p, lp, hook, stream);
-  }
-}
 
 }  // namespace detail
 }  // namespace seqattn::cuda
@@ -837,11 +822,13 @@ struct Cuda {
       }
     }
     p.sequences = w.sequences.data();
-    if (lp.head_dim == 64) {
-      cuda::detail::launch_backward_with<S, 64>(p, lp, hook, stream);
-    } else {
-      cuda::detail::launch_backward_with<S, 128>(p, lp, hook, stream);
-    }
+    cuda::detail::with_hook(p, hook, [&](const auto& h) {
+      if (lp.head_dim == 64) {
+        cuda::detail::launch_backward<S, 64>(p, lp, h, stream);
+      } else {
+        cuda::detail::launch_backward<S, 128>(p, lp, h, stream);
+      }
+    });
     if (host_dsinks) {
       cuda::check(
           cudaMemcpyAsync(bp.dsinks.data(), w.dsinks.data(), bp.dsinks.size_bytes(), cudaMemcpyDeviceToHost, stream),
@@ -983,17 +970,19 @@ struct Cuda {
     }
     p.sequences = d.sequences.data();
     if (!lp.items.empty()) {
-      switch (lp.head_dim) {
-        case 64:
-          cuda::detail::launch_forward_with<S, 64>(p, lp, hook, stream);
-          break;
-        case 128:
-          cuda::detail::launch_forward_with<S, 128>(p, lp, hook, stream);
-          break;
-        default:
-          cuda::detail::launch_forward_with<S, 256>(p, lp, hook, stream);
-          break;
-      }
+      cuda::detail::with_hook(p, hook, [&](const auto& h) {
+        switch (lp.head_dim) {
+          case 64:
+            cuda::detail::launch_forward<S, 64>(p, lp, h, stream);
+            break;
+          case 128:
+            cuda::detail::launch_forward<S, 128>(p, lp, h, stream);
+            break;
+          default:
+            cuda::detail::launch_forward<S, 256>(p, lp, h, stream);
+            break;
+        }
+      });
     }
     record_call(d, stream);
   }

@@ -7,7 +7,7 @@
 //                        the exponent and call no hook (the fast path)
 //   SoftcapAlibiScores   the built-in device form: softcap(scale * q.k), then
 //                        ALiBi, from the fields of the kernel parameters
-//   VariantScores<P>     a variant's own score hooks, run in device code: P is
+//   VariantScores<P>     a variant's own score hooks, run in device code: P is one part or
 //                        a ScoreParts list (user functors, Bias, ScoreMod,
 //                        and the device forms of Softcap and ALiBi in a Chain)
 //
@@ -199,7 +199,7 @@ struct ScorePartList<std::index_sequence<Is...>, Parts...> : ScorePart<Is, Parts
 template <class... Parts>
 using ScoreParts = ScorePartList<std::index_sequence_for<Parts...>, Parts...>;
 
-// A variant's score hooks (a ScoreParts list) as a kernel hook. The scale
+// A variant's score hooks (one part, or a Chain's ScoreParts list) as a kernel hook. The scale
 // comes from the host (variant_scale); pairs outside the sequence (padding
 // rows and keys of a tile) get the scaled score without a call, so that a
 // hook never reads past the data it was given (a bias tensor's extents).

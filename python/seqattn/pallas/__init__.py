@@ -1,0 +1,9 @@
+"""seqattn's own Pallas TPU attention: a flash kernel whose grid walks the blocks a BlockLayout lists.
+
+``layout`` defines the metadata (``BlockLayout``) and its reference builder. Importing this package does not
+import JAX unless a submodule needs it.
+"""
+
+from .layout import BlockLayout, LayoutShape, dense_from_layout, layout_from_dense, validate
+
+__all__ = ["BlockLayout", "LayoutShape", "dense_from_layout", "layout_from_dense", "validate"]

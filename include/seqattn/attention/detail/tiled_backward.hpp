@@ -1,22 +1,26 @@
 // The backward pass of the CPU tiled engine (FlashAttention-2's algorithm:
 // P recomputed from the saved LSE, D = rowsum(dO * O)), deterministic for any
-// number of workers: every output element is computed by one task in a fixed
-// order, with no atomics and no cross-task reductions.
+// number of workers: every sum is taken in an order fixed by the plan, with no
+// atomics.
 //
 //   rows pass   D and the sinks' gradient, per (sequence, head)
-//   key pass    dK, dV per (sequence, K/V head, kv-tile): the q-tiles that see
-//               the kv-tile, taken from the BlockMask's transpose, for every
-//               query head of the GQA group, summed in that order
-//   query pass  dQ per (sequence, head, q-tile): the kv-tiles of its row
+//   key pass    per (sequence, K/V head, range of kv-tiles), the tiles in
+//               order: for each q-tile that sees the kv-tile (from the
+//               BlockMask's transpose, for every query head of the GQA group)
+//               S, dP, then dV += P^T dO, dK += dS^T Q and dQ_c += dS K into
+//               copy c of an fp32 dQ, c the range's index
+//   dQ pass     dQ = scale * sum over c of dQ_c, in the order of c, per
+//               (sequence, head, q-tile)
 //
-// The query pass recomputes S and dP, which the key pass also computes: that
-// is the price of determinism without a dQ buffer per kv-tile (7 tile matmuls
-// per visited tile instead of FlashAttention-2's 5 with atomic dQ adds).
+// Five tile matmuls per visited tile, as FlashAttention-2 with atomic dQ adds,
+// and deterministic: the number of ranges (dQ copies) per K/V head depends on
+// the shape only (dq_copies), each range runs in one task, and a copy's rows
+// of one head are written by one range only.
 //
 // Every matmul is one of the kernel's two tile operations: Kernel::scores
-// (S^T = K Qt, dP^T = V dOt) and Kernel::accumulate_pv (dV += P^T dO,
-// dK += dS^T Q, dQ += dS K), with P^T and dS^T transposed through scratch.
-// Empty tiles are never visited; full tiles get no mask work.
+// (S = Q Kt, dP = dO Vt, keys on the lanes) and Kernel::accumulate_pv
+// (dV += P^T dO, dK += dS^T Q, dQ += dS K), the last with dS transposed
+// through scratch. Empty tiles are never visited; full tiles get no mask work.
 #pragma once
 
 #include <algorithm>
@@ -44,49 +48,98 @@ struct QTileRef {
   std::int32_t tile_id = TileRef::kFull;  // as in TileRef
 };
 
-struct KeyTask {  // dK, dV of one kv-tile of one K/V head
-  index_t sequence = 0;
-  index_t kv_head = 0;
+struct KeyBlock {  // one kv-tile of one K/V head and the q-tiles that see it
   index_t kv_block = 0;
   std::size_t refs_begin = 0, refs_end = 0;  // into q_refs
 };
 
-struct QueryTask {  // dQ of one q-tile of one head
+struct KeyTask {  // dK, dV of a range of kv-tiles of one K/V head; their dQ share goes to copy `copy`
+  index_t sequence = 0;
+  index_t kv_head = 0;
+  index_t copy = 0;
+  std::size_t blocks_begin = 0, blocks_end = 0;  // into key_blocks, in increasing kv-block order
+};
+
+struct QueryTask {  // dQ of one q-tile of one head: the sum of the copies
   index_t sequence = 0;
   index_t head = 0;
   index_t q_block = 0;
-  std::size_t tiles_begin = 0, tiles_end = 0;  // into tiles
 };
 
 struct TiledBackwardWork {
   std::vector<KeyTask> key_tasks;
+  std::vector<KeyBlock> key_blocks;
   std::vector<QTileRef> q_refs;
   std::vector<QueryTask> query_tasks;
-  std::vector<TileRef> tiles;
-  std::vector<index_t> key_order, query_order;  // longest first
-  std::vector<std::uint8_t> column_bits;        // as in TiledWork
-  index_t column_tile_bytes = 0;
-  index_t dkp = 0, dvp = 0;       // the kernel's padded head dims
-  std::vector<index_t> row_base;  // per sequence: first row of D, rows ordered (head, query)
+  std::vector<index_t> key_order;  // longest first
+  index_t dkp = 0, dvp = 0;        // the kernel's padded head dims
+  std::vector<index_t> row_base;   // per sequence: first row of D and of a dQ copy, rows ordered (head, query)
   index_t total_rows = 0;
+  index_t dq_copies = 1;
+  std::vector<index_t> q_block_base;  // per sequence: first (head, q-block) slot of the touched flags
+  std::vector<index_t> q_blocks;      // per sequence
+  index_t q_block_slots = 0;
+
+  index_t q_block_slot(index_t b, index_t head, index_t q_block) const {
+    return q_block_base[static_cast<std::size_t>(b)] + head * q_blocks[static_cast<std::size_t>(b)] + q_block;
+  }
 };
 
-// Key tasks from the transposed BlockMask: its row (b, h, kb) lists the
+// Key tasks per (sequence, K/V head): kMinKeyTasks in all when there are
+// fewer K/V heads than that, by cutting each head's kv-tiles into up to
+// kMaxDqCopies ranges of about equal work. Every range adds its dQ share into
+// its own copy, so the copies (memory: that many fp32 dQs) buy parallelism
+// over the kv axis; the count depends on the shape alone, which keeps the
+// result identical for any number of workers.
+inline constexpr index_t kMinKeyTasks = 16;
+inline constexpr index_t kMaxDqCopies = 4;
+
+inline index_t dq_copies(const AttentionShape& shape, const BlockMask& bm) {
+  index_t kv_blocks = 1;
+  for (index_t b = 0; b < shape.batch(); ++b) kv_blocks = std::max(kv_blocks, bm.num_kv_blocks(b));
+  const index_t groups = std::max<index_t>(1, shape.batch() * shape.kv_heads);
+  return std::clamp<index_t>((kMinKeyTasks + groups - 1) / groups, 1, std::min(kMaxDqCopies, kv_blocks));
+}
+
+// Key blocks from the transposed BlockMask: its row (b, h, kb) lists the
 // q-blocks that see kv-block kb; partial tiles keep their ids (the
-// transpose shares them), so the forward tile bits mask them.
+// transpose shares them), so the forward tile bits mask them. Each
+// (sequence, K/V head) is then cut into w.dq_copies ranges at equal shares of
+// its visits.
 inline void plan_key_tasks(const AttentionShape& shape, const BlockMask& bm, TiledBackwardWork& w) {
   const BlockMask t = bm.transposed();
   std::vector<index_t> cost;
   for (index_t b = 0; b < shape.batch(); ++b) {
     for (index_t kvh = 0; kvh < shape.kv_heads; ++kvh) {
+      const std::size_t first = w.key_blocks.size();
       for (index_t kb = 0; kb < bm.num_kv_blocks(b); ++kb) {
-        KeyTask task{b, kvh, kb, w.q_refs.size(), 0};
+        KeyBlock block{kb, w.q_refs.size(), 0};
         for (index_t h = kvh * shape.group(); h < (kvh + 1) * shape.group(); ++h) {
           for_each_listed_tile(t, b, h, kb, [&](TileRef r) { w.q_refs.push_back({h, r.kv_block, r.tile_id}); });
         }
-        task.refs_end = w.q_refs.size();
-        cost.push_back(static_cast<index_t>(task.refs_end - task.refs_begin));
-        w.key_tasks.push_back(task);
+        block.refs_end = w.q_refs.size();
+        w.key_blocks.push_back(block);  // also when no q-tile sees it: its dK and dV are zeros
+      }
+      const auto visits = [&](std::size_t i) {
+        return static_cast<index_t>(w.key_blocks[i].refs_end - w.key_blocks[i].refs_begin);
+      };
+      index_t total = 0;
+      for (std::size_t i = first; i < w.key_blocks.size(); ++i) total += visits(i);
+      std::size_t begin = first;
+      index_t done = 0;
+      for (index_t c = 0; c < w.dq_copies && begin < w.key_blocks.size(); ++c) {
+        // Range c ends where the visits reach (c + 1) / copies of the total.
+        const index_t goal = (total * (c + 1) + w.dq_copies - 1) / w.dq_copies;
+        std::size_t end = begin;
+        index_t range_cost = 0;
+        while (end < w.key_blocks.size() && (end == begin || done + range_cost < goal)) range_cost += visits(end++);
+        if (c + 1 == w.dq_copies) {
+          while (end < w.key_blocks.size()) range_cost += visits(end++);
+        }
+        w.key_tasks.push_back({b, kvh, c, begin, end});
+        cost.push_back(range_cost);
+        done += range_cost;
+        begin = end;
       }
     }
   }
@@ -94,35 +147,26 @@ inline void plan_key_tasks(const AttentionShape& shape, const BlockMask& bm, Til
 }
 
 inline void plan_query_tasks(const AttentionShape& shape, const BlockMask& bm, TiledBackwardWork& w) {
-  std::vector<index_t> cost;
   for (index_t b = 0; b < shape.batch(); ++b) {
     w.row_base.push_back(w.total_rows);
     w.total_rows += shape.heads * shape.q_len(b);
+    w.q_block_base.push_back(w.q_block_slots);
+    w.q_blocks.push_back(bm.num_q_blocks(b));
+    w.q_block_slots += shape.heads * bm.num_q_blocks(b);
     for (index_t h = 0; h < shape.heads; ++h) {
-      for (index_t qb = 0; qb < bm.num_q_blocks(b); ++qb) {
-        QueryTask task{b, h, qb, w.tiles.size(), 0};
-        for_each_listed_tile(bm, b, h, qb, [&](TileRef t) { w.tiles.push_back(t); });
-        task.tiles_end = w.tiles.size();
-        cost.push_back(static_cast<index_t>(task.tiles_end - task.tiles_begin));
-        w.query_tasks.push_back(task);
-      }
+      for (index_t qb = 0; qb < bm.num_q_blocks(b); ++qb) w.query_tasks.push_back({b, h, qb});
     }
   }
-  w.query_order = longest_first(cost);
 }
 
 template <class Kernel>
 TiledBackwardWork plan_tiled_backward(const AttentionShape& shape, const BlockMask& bm) {
-  constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
   TiledBackwardWork w;
   w.dkp = Kernel::padded_dim(shape.dk);
   w.dvp = Kernel::padded_dim(shape.dv);
+  w.dq_copies = dq_copies(shape, bm);
   plan_key_tasks(shape, bm, w);
   plan_query_tasks(shape, bm, w);
-  if (bm.has_tile_bits() && kBq % 8 == 0 && bm.num_distinct_partial_tiles() > 0) {
-    w.column_tile_bytes = kBkv * (kBq / 8);
-    w.column_bits = transpose_tile_bits(bm, kBq, kBkv);
-  }
   return w;
 }
 
@@ -132,19 +176,16 @@ TiledBackwardWork plan_tiled_backward(const AttentionShape& shape, const BlockMa
 // P and dS come out in the [query][key] layout accumulate_pv wants for
 // dV += P^T dO and dK += dS^T Q, and Q and dO are read as rows (in place
 // for contiguous fp32) without a transpose per visit; K^T and V^T are built
-// once per task. Query pass tiles use the forward layout (queries on lanes):
-// dQ += dS K reads dS^T directly, Qt and dO^T are built once per task.
+// once per kv-tile. dQ += dS K takes dS^T, one tile transpose per visit.
 
 template <class Kernel>
 struct BackwardScratch {
   static constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
-  AlignedFloats qt, dot, kt, vt, q_rows, do_rows, k_rows, v_rows, s, raw, dp, acc_k, acc_v, acc_q, lse, delta, ones;
+  AlignedFloats kt, vt, q_rows, do_rows, k_rows, v_rows, s, raw, dp, ds_t, acc_k, acc_v, lse, delta, ones;
   std::vector<index_t> row_q, row_head;
 
   BackwardScratch(index_t dk, index_t dkp, index_t dv, index_t dvp)
-      : qt(dk * kBq),
-        dot(dv * kBq),
-        kt(dk * kBq),
+      : kt(dk * kBq),
         vt(dv * kBq),
         q_rows(kBq * dkp),
         do_rows(kBq * dvp),
@@ -153,9 +194,9 @@ struct BackwardScratch {
         s(kBq * kBq),
         raw(kBq * kBq),
         dp(kBq * kBq),
+        ds_t(kBq * kBq),
         acc_k(kBkv * dkp),
         acc_v(kBkv * dvp),
-        acc_q(kBq * dkp),
         lse(kBq),
         delta(kBq),
         ones(kBq),
@@ -163,6 +204,25 @@ struct BackwardScratch {
         row_head(static_cast<std::size_t>(kBq)) {
     std::fill_n(ones.get(), ones.size(), 1.0f);
   }
+};
+
+// The fp32 dQ copies: rows (copy, row of D) of dkp floats. A copy's q-tile is
+// zeroed when its range first touches it (`touched`, one flag per copy and
+// (sequence, head, q-block)), so untouched tiles cost neither a write nor a read.
+struct DqCopies {
+  AlignedFloats rows;
+  std::vector<std::uint8_t> touched;
+  index_t copy_rows = 0, dkp = 0, slots = 0;
+
+  explicit DqCopies(const TiledBackwardWork& w)
+      : rows(w.dq_copies * w.total_rows * w.dkp, AlignedFloats::Uninitialized{}),
+        touched(static_cast<std::size_t>(w.dq_copies * w.q_block_slots), 0),
+        copy_rows(w.total_rows),
+        dkp(w.dkp),
+        slots(w.q_block_slots) {}
+
+  float* at(index_t copy, index_t row) const { return rows.get() + (copy * copy_rows + row) * dkp; }
+  std::uint8_t& flag(index_t copy, index_t slot) { return touched[static_cast<std::size_t>(copy * slots + slot)]; }
 };
 
 // `n` rows of a [token, head, dim] tensor as fp32 rows of `padded` floats
@@ -233,27 +293,45 @@ struct BackwardCall {
   const BlockMask& bm;
   const V& variant;
   const std::vector<float>& delta;
+  DqCopies& dq;
   float scale = 1.0f;
 };
 
-// dK and dV of one kv-tile of one K/V head.
+// dst[key * kBq + q] = ds[q * kBq + key] for q < n, key < cols: dS^T with the
+// queries on the lanes, as accumulate_pv reads its weights.
+template <index_t kBq>
+void transpose_tile(const float* ds, index_t n, index_t cols, float* dst) {
+  for (index_t q = 0; q < n; ++q) {
+    for (index_t key = 0; key < cols; ++key) dst[key * kBq + q] = ds[q * kBq + key];
+  }
+}
+
+// One kv-tile of a key task: dK and dV of its keys, and its share of dQ for
+// every q-tile that sees it, added into copy `copy`.
 template <class Kernel, class T, class V>
-void key_task(const BackwardCall<T, V>& c, const KeyTask& task, BackwardScratch<Kernel>& sc) {
+void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock& block, BackwardScratch<Kernel>& sc) {
   constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
   const AttentionProblem<T>& p = c.bp.fwd;
   const TiledBackwardWork& w = c.w;
   const SequenceGeometry& seq = p.sequence(task.sequence);
-  const index_t b = task.sequence, kv0 = task.kv_block * kBkv, cols = std::min(kBkv, seq.kv_len - kv0);
+  const index_t b = task.sequence, kv0 = block.kv_block * kBkv, cols = std::min(kBkv, seq.kv_len - kv0);
   const index_t cols_p = Kernel::padded_rows(cols);
+  if (block.refs_begin == block.refs_end) {
+    std::fill_n(sc.acc_k.get(), cols * w.dkp, 0.0f);
+    std::fill_n(sc.acc_v.get(), cols * w.dvp, 0.0f);
+    store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, p.dk, w.dkp, 1.0f);
+    store_rows(c.bp.dv, b, kv0, task.kv_head, sc.acc_v.get(), cols, p.dv, w.dvp, 1.0f);
+    return;
+  }
   const RowsView k = rows_of<Kernel, const T>([&](index_t j) { return p.k_row(seq, kv0 + j, task.kv_head); }, cols,
-                                              p.k_strides.token, p.k_strides.dim, p.dk, p.dk, sc.k_rows.get());
+                                              p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, sc.k_rows.get());
   const RowsView v = rows_of<Kernel, const T>([&](index_t j) { return p.v_row(seq, kv0 + j, task.kv_head); }, cols,
                                               p.v_strides.token, p.v_strides.dim, p.dv, p.dv, sc.v_rows.get());
   transpose_rows<kBq>(k, cols, cols_p, p.dk, c.scale, sc.kt.get());
   transpose_rows<kBq>(v, cols, cols_p, p.dv, 1.0f, sc.vt.get());
   std::fill_n(sc.acc_k.get(), cols * w.dkp, 0.0f);
   std::fill_n(sc.acc_v.get(), cols * w.dvp, 0.0f);
-  for (std::size_t i = task.refs_begin; i < task.refs_end; ++i) {
+  for (std::size_t i = block.refs_begin; i < block.refs_end; ++i) {
     const QTileRef ref = w.q_refs[i];
     const index_t h = ref.head, q0 = index_t{ref.q_block} * kBq, n = std::min(kBq, seq.q_len - q0);
     const RowsView q = rows_of<Kernel, const T>([&](index_t r) { return p.q_row(seq, q0 + r, h); }, n,
@@ -281,53 +359,39 @@ void key_task(const BackwardCall<T, V>& c, const KeyTask& task, BackwardScratch<
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
     Kernel::accumulate_pv(t.scores, cols, n, d_o.rows, d_o.stride, w.dvp, sc.ones.get(), sc.acc_v.get());
     Kernel::accumulate_pv(sc.dp.get(), cols, n, q.rows, q.stride, w.dkp, sc.ones.get(), sc.acc_k.get());
+    float* dq = c.dq.at(task.copy, w.row_base[static_cast<std::size_t>(b)] + h * seq.q_len + q0);
+    std::uint8_t& touched = c.dq.flag(task.copy, w.q_block_slot(b, h, ref.q_block));
+    if (!touched) {
+      std::fill_n(dq, n * w.dkp, 0.0f);
+      touched = 1;
+    }
+    transpose_tile<kBq>(sc.dp.get(), n, cols, sc.ds_t.get());
+    Kernel::accumulate_pv(sc.ds_t.get(), n, cols, k.rows, k.stride, w.dkp, sc.ones.get(), dq);
   }
   store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, p.dk, w.dkp, c.scale);
   store_rows(c.bp.dv, b, kv0, task.kv_head, sc.acc_v.get(), cols, p.dv, w.dvp, 1.0f);
 }
 
-// dQ of one q-tile of one head.
-template <class Kernel, class T, class V>
-void query_task(const BackwardCall<T, V>& c, const QueryTask& task, BackwardScratch<Kernel>& sc) {
-  constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
+// dQ of one q-tile of one head: scale times the sum of the copies that hold
+// a share of it, in the order of the copies (0 where none does).
+template <class T, class V>
+void query_task(const BackwardCall<T, V>& c, const QueryTask& task, index_t block_q) {
   const AttentionProblem<T>& p = c.bp.fwd;
   const TiledBackwardWork& w = c.w;
   const SequenceGeometry& seq = p.sequence(task.sequence);
-  const index_t b = task.sequence, h = task.head, kv_head = h / p.group;
-  const index_t q0 = task.q_block * kBq, n = std::min(kBq, seq.q_len - q0), n_p = Kernel::padded_rows(n);
-  const RowsView q = rows_of<Kernel, const T>([&](index_t r) { return p.q_row(seq, q0 + r, h); }, n, p.q_strides.token,
-                                              p.q_strides.dim, p.dk, p.dk, sc.q_rows.get());
-  const RowsView d_o =
-      rows_of<Kernel, const T>([&](index_t r) { return c.bp.dout.row(b, q0 + r, h); }, n, c.bp.dout.strides.token,
-                               c.bp.dout.strides.dim, p.dv, p.dv, sc.do_rows.get());
-  transpose_rows<kBq>(q, n, n_p, p.dk, c.scale, sc.qt.get());
-  transpose_rows<kBq>(d_o, n, n_p, p.dv, 1.0f, sc.dot.get());
+  const index_t b = task.sequence, h = task.head, q0 = task.q_block * block_q;
+  const index_t n = std::min(block_q, seq.q_len - q0), slot = w.q_block_slot(b, h, task.q_block);
+  const index_t row = w.row_base[static_cast<std::size_t>(b)] + h * seq.q_len + q0;
   for (index_t r = 0; r < n; ++r) {
-    sc.row_q[static_cast<std::size_t>(r)] = q0 + r;
-    sc.row_head[static_cast<std::size_t>(r)] = h;
+    T* out = c.bp.dq.row(b, q0 + r, h);
+    for (index_t e = 0; e < p.dk; ++e) {
+      float sum = 0.0f;
+      for (index_t copy = 0; copy < w.dq_copies; ++copy) {
+        if (c.dq.flag(copy, slot)) sum += c.dq.at(copy, row + r)[e];
+      }
+      out[e * c.bp.dq.strides.dim] = from_float<T>(sum * c.scale);
+    }
   }
-  load_row_stats(c.bp, w, c.delta, b, h, q0, n, n_p, sc.lse.get(), sc.delta.get());
-  std::fill_n(sc.acc_q.get(), n * w.dkp, 0.0f);
-  for (std::size_t i = task.tiles_begin; i < task.tiles_end; ++i) {
-    const TileRef ref = w.tiles[i];
-    const index_t kv0 = index_t{ref.kv_block} * kBkv, cols = std::min(kBkv, seq.kv_len - kv0);
-    const RowsView k = rows_of<Kernel, const T>([&](index_t j) { return p.k_row(seq, kv0 + j, kv_head); }, cols,
-                                                p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, sc.k_rows.get());
-    const RowsView v = rows_of<Kernel, const T>([&](index_t j) { return p.v_row(seq, kv0 + j, kv_head); }, cols,
-                                                p.v_strides.token, p.v_strides.dim, p.dv, p.dv, sc.v_rows.get());
-    const ScoreTile t{sc.s.get(),         kBq, n,   n_p,       cols,       sc.row_q.data(),
-                      sc.row_head.data(), b,   kv0, seq.q_len, seq.kv_len, false};
-    Kernel::scores(sc.qt.get(), n_p, p.dk, k.rows, k.stride, cols, t.scores);  // S^T[key][q], scaled
-    if constexpr (HasScoreHook<V>) std::copy_n(t.scores, cols * kBq, sc.raw.get());
-    transform_scores<Kernel>(c.variant, t);
-    mask_tile<Kernel>(t, c.bm, ref.tile_id, transposed_tile_bits(w.column_bits, w.column_tile_bytes, ref.tile_id),
-                      kBq / 8, q0);
-    Kernel::scores(sc.dot.get(), n_p, p.dv, v.rows, v.stride, cols, sc.dp.get());  // dP^T[key][q]
-    Kernel::softmax_backward_lanes(t.scores, sc.dp.get(), cols, n_p, sc.lse.get(), sc.delta.get());
-    apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
-    Kernel::accumulate_pv(sc.dp.get(), n, cols, k.rows, k.stride, w.dkp, sc.ones.get(), sc.acc_q.get());
-  }
-  store_rows(c.bp.dq, b, q0, h, sc.acc_q.get(), n, p.dk, w.dkp, c.scale);
 }
 
 // D of every row and the sinks' gradient, -sum_rows P(sink) D, per head.
@@ -373,14 +437,16 @@ void run_tiled_backward(const TiledBackwardWork& w, const BlockMask& bm, const B
   std::vector<float> delta(static_cast<std::size_t>(w.total_rows));
   backward_rows(bp, w, variant, delta, exec);
 
-  const BackwardCall<T, V> call{bp, w, bm, variant, delta, variant_scale(variant, p.dk)};
+  DqCopies dq(w);
+  const BackwardCall<T, V> call{bp, w, bm, variant, delta, dq, variant_scale(variant, p.dk)};
   exec.parallel_for(static_cast<index_t>(w.key_order.size()), [&](index_t i, int worker) {
     const KeyTask& task = w.key_tasks[static_cast<std::size_t>(w.key_order[static_cast<std::size_t>(i)])];
-    key_task(call, task, scratch[static_cast<std::size_t>(worker)]);
+    for (std::size_t blk = task.blocks_begin; blk < task.blocks_end; ++blk) {
+      key_block(call, task, w.key_blocks[blk], scratch[static_cast<std::size_t>(worker)]);
+    }
   });
-  exec.parallel_for(static_cast<index_t>(w.query_order.size()), [&](index_t i, int worker) {
-    const QueryTask& task = w.query_tasks[static_cast<std::size_t>(w.query_order[static_cast<std::size_t>(i)])];
-    query_task(call, task, scratch[static_cast<std::size_t>(worker)]);
+  exec.parallel_for(static_cast<index_t>(w.query_tasks.size()), [&](index_t i, int) {
+    query_task(call, w.query_tasks[static_cast<std::size_t>(i)], Kernel::kBlockQ);
   });
 }
 

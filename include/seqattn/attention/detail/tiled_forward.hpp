@@ -49,16 +49,17 @@ namespace seqattn::detail {
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// 64-byte aligned fp32 buffer (no hwy::AllocateAligned: it needs libhwy).
+// 64-byte aligned fp32 buffer (no hwy::AllocateAligned: it needs libhwy),
+// zeroed unless its owner writes every element before reading it.
 class AlignedFloats {
  public:
+  struct Uninitialized {};
   AlignedFloats() = default;
-  explicit AlignedFloats(index_t n)
+  explicit AlignedFloats(index_t n) : AlignedFloats(n, Uninitialized{}) { std::fill_n(data_.get(), n, 0.0f); }
+  AlignedFloats(index_t n, Uninitialized)
       : data_(static_cast<float*>(
             ::operator new (static_cast<std::size_t>(std::max<index_t>(n, 1)) * sizeof(float), std::align_val_t{64}))),
-        size_(n) {
-    std::fill_n(data_.get(), n, 0.0f);
-  }
+        size_(n) {}
   float* get() const { return data_.get(); }
   index_t size() const { return size_; }
 

@@ -157,11 +157,11 @@ void BM_TilePV(benchmark::State& state) {
 BENCHMARK(BM_TilePV)->ArgsProduct({{0, 1}, {0, 1}});
 
 void BM_Probe(benchmark::State& state) {
-  double widen = 0, native = 0;
-  for (auto _ : state) Dot::probe_seconds(widen, native);
-  state.counters["widen_us"] = widen * 1e6;
-  state.counters["pairdot_us"] = native * 1e6;
-  state.counters["auto_native"] = Dot::native_is_faster() ? 1 : 0;
+  Dot::ProbeSeconds s;
+  for (auto _ : state) s = Dot::probe_seconds();
+  state.counters["widen_us"] = s.widen * 1e6;
+  state.counters["pairdot_us"] = s.pairs < 1e29 ? s.pairs * 1e6 : -1;  // -1: no instruction
+  state.counters["amx_us"] = s.amx < 1e29 ? s.amx * 1e6 : -1;          // -1: no AMX
   state.SetLabel(target_label());
 }
 BENCHMARK(BM_Probe)->Iterations(3);

@@ -113,7 +113,7 @@ struct Case {
 struct Run {
   Tensor<bfloat16> out;
   Tensor<float> lse;
-  std::uint64_t native_tasks = 0;
+  std::uint64_t native_tasks = 0, amx_tasks = 0;
 };
 
 template <class Backend = backends::Highway, class M, class Var>
@@ -122,9 +122,10 @@ Run run_highway(const Case& x, const M& mask, const Var& variant, Bf16DotPath pa
   Run r{Tensor<bfloat16>(x.out_shape(), from_float<bfloat16>(7.0f)), Tensor<float>(x.lse_shape(), 7.0f)};
   execution::ThreadPool pool(workers);
   const auto plan = plan_attention<Backend>(shape_of(x.in()), mask, PlanOptions{kv_splits}, workers);
-  const std::uint64_t before = bf16_native_tasks();
+  const std::uint64_t before = bf16_native_tasks(), amx_before = bf16_amx_tasks();
   attention_forward(plan, x.in(), r.out.view(), r.lse.view(), variant, pool);
   r.native_tasks = bf16_native_tasks() - before;
+  r.amx_tasks = bf16_amx_tasks() - amx_before;
   return r;
 }
 
@@ -153,17 +154,35 @@ double check_elements(const Tensor<bfloat16>& got, const Tensor<float>& want, do
   return sq_ref > 0 ? sq_diff / sq_ref : sq_diff;
 }
 
-// Forced native and forced widen against the reference and each other.
-// expect_native: whether the native path should have taken any task.
+// Forced native, forced AMX and forced widen against the reference and each
+// other. expect_native: whether the native path should have taken any task;
+// AMX takes such tasks where the CPU has it, dk is a multiple of 32 (>= 64)
+// and stacked groups fill 16-row blocks. Where the CPU has no AMX, forcing it
+// runs the automatic choice, checked against the reference all the same (the
+// AMX arithmetic itself is then untested: the test prints no AMX tasks).
 template <class Backend = backends::Highway, class M, class Var>
 void check_case(const Case& x, const M& mask, const Var& variant, bool expect_native, int workers = 2,
                 index_t kv_splits = 0) {
   const auto [want, want_lse] = run_reference(x, mask, variant);
   const Run native = run_highway<Backend>(x, mask, variant, Bf16DotPath::native, workers, kv_splits);
   const Run widen = run_highway<Backend>(x, mask, variant, Bf16DotPath::widen, workers, kv_splits);
+  const Run tiles = run_highway<Backend>(x, mask, variant, Bf16DotPath::amx, workers, kv_splits);
   const double vmax = x.max_abs_v();
   INFO("sq " << x.sq << " skv " << x.skv << " heads " << x.heads << "/" << x.kv_heads << " d " << x.d);
   CHECK(widen.native_tasks == 0);
+  CHECK(widen.amx_tasks == 0);
+  CHECK(native.amx_tasks == 0);
+  // Stacked K/V groups need whole 16-row blocks per group (vectors suffice for pairs).
+  const bool groups_fit = x.heads == x.kv_heads || (x.sq * (x.heads / x.kv_heads)) % 16 == 0;
+  if (amx::available() && expect_native && x.d % 32 == 0 && x.d >= 64 && groups_fit) {
+    CHECK(tiles.amx_tasks > 0);
+  } else if (!amx::available()) {
+    CHECK(tiles.amx_tasks == 0);
+  }
+  const double nmse_amx = check_elements(tiles.out, want, kU, kU * vmax + 1e-5 * vmax);
+  INFO("NMSE amx " << nmse_amx << " (" << tiles.amx_tasks << " AMX tasks)");
+  CHECK(nmse_amx <= 2e-5);
+  check_lse(tiles.lse, want_lse, 1e-5);
   if (expect_native) {
     CHECK(native.native_tasks > 0);
   } else {
@@ -286,10 +305,15 @@ TEST_CASE("bf16 dot path: automatic choice and bad settings", "[bf16_dot]") {
   std::mt19937 rng(1306);
   const Case x(rng, 1, 130, 130, 4, 4, 64);
   const Run r = run_highway(x, CausalMask{}, variants::Default{}, Bf16DotPath::automatic, 2, 0);
-  // Without the instruction the emulation is never chosen automatically.
+  // The fastest of the paths the probe timed; without the instruction the
+  // emulation is never chosen automatically.
+  const auto& s = Kernel::probed();
+  INFO("probe: widen " << s.widen * 1e6 << " us, pairs " << s.pairs * 1e6 << " us, amx " << s.amx * 1e6 << " us");
+  const bool amx_wins = amx::available() && s.amx < s.widen && s.amx <= s.pairs;
+  CHECK((r.amx_tasks > 0) == amx_wins);
   if (!Kernel::kNative) CHECK(r.native_tasks == 0);
-  if (Kernel::kNative) CHECK((r.native_tasks > 0) == Kernel::native_is_faster());
-  CHECK_THROWS_AS(set_bf16_dot_path(static_cast<Bf16DotPath>(3)), std::invalid_argument);
+  if (Kernel::kNative) CHECK((r.native_tasks > 0) == (!amx_wins && s.pairs < s.widen));
+  CHECK_THROWS_AS(set_bf16_dot_path(static_cast<Bf16DotPath>(4)), std::invalid_argument);
   CHECK(bf16_dot_path() == static_cast<Bf16DotPath>(SEQATTN_BF16_DOT));
 }
 

@@ -99,6 +99,7 @@
 
 #include "seqattn/attention/detail/bf16_dot.hpp"
 #include "seqattn/attention/detail/tiled_forward.hpp"
+#include "seqattn/backends/amx.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/tensor.hpp"
 #endif
@@ -441,9 +442,9 @@ struct Bf16DotKernel {
 
   // One in-cache tile (kBlockQ rows x kBlockKv keys, d = 128) through each
   // path's per-tile work: widen = K and V to fp32 + FlashKernel::scores +
-  // accumulate_pv; native = scores on K in place + pack P + pack V + pair P.V.
-  // The softmax, common to both, is left out. Buffers are allocated here,
-  // once; the timed loops allocate nothing.
+  // accumulate_pv; native = scores on K in place + pack P + pack V + pair P.V;
+  // amx = AmxTiles' steps (K in place). The softmax, common to all, is left
+  // out. Buffers are allocated here, once; the timed loops allocate nothing.
   struct ProbeTile {
     static constexpr index_t kD = 128;
     std::vector<bfloat16> k, v;
@@ -471,18 +472,41 @@ struct Bf16DotKernel {
       std::fill_n(alpha.get(), kBq, 0.5f);
       for (index_t j = 0; j < kBkv; ++j) krows[static_cast<std::size_t>(j)] = bits_of(k.data() + j * kD);
     }
+    // The head dim through a volatile, so the compiler does not fold the
+    // kernels' tail loops for this one constant shape (GCC then warns about
+    // their iteration counts).
+    static index_t opaque(index_t x) {
+      volatile index_t v = x;
+      return v;
+    }
     void widen() {
-      for (index_t j = 0; j < kBkv; ++j) K::to_f32(k.data() + j * kD, kD, kbuf.get() + j * kD);
-      K::scores(qt.get(), kBq, kD, kbuf.get(), kD, kBkv, st.get());
-      for (index_t j = 0; j < kBkv; ++j) K::to_f32(v.data() + j * kD, kD, vbuf.get() + j * kD);
-      K::accumulate_pv(st.get(), kBq, kBkv, vbuf.get(), kD, kD, alpha.get(), o.get());
+      const index_t kd = opaque(kD);
+      for (index_t j = 0; j < kBkv; ++j) K::to_f32(k.data() + j * kd, kd, kbuf.get() + j * kd);
+      K::scores(qt.get(), kBq, kd, kbuf.get(), kd, kBkv, st.get());
+      for (index_t j = 0; j < kBkv; ++j) K::to_f32(v.data() + j * kd, kd, vbuf.get() + j * kd);
+      K::accumulate_pv(st.get(), kBq, kBkv, vbuf.get(), kd, kd, alpha.get(), o.get());
     }
     template <bool kHw>
     void native() {
-      Bf16DotKernel::scores<kHw>(qt2.get(), kBq, kD, krows.data(), kBkv, 1.0f, st.get());
+      const index_t kd = opaque(kD);
+      Bf16DotKernel::scores<kHw>(qt2.get(), kBq, kd, krows.data(), kBkv, 1.0f, st.get());
       pack_p(st.get(), kBkv, kBq);
-      pack_v([&](index_t j) { return v.data() + j * kD; }, 1, kBkv, kD, kD, vbuf.get());
-      Bf16DotKernel::accumulate_pv<kHw>(st.get(), kBq, kBkv / 2, vbuf.get(), kD, alpha.get(), o.get());
+      pack_v([&](index_t j) { return v.data() + j * kd; }, 1, kBkv, kd, kd, vbuf.get());
+      Bf16DotKernel::accumulate_pv<kHw>(st.get(), kBq, kBkv / 2, vbuf.get(), kd, alpha.get(), o.get());
+    }
+    void amx() {
+      const index_t kd = opaque(kD);
+      amx::key_query_scores(krows[0], static_cast<std::size_t>(kd) * 2, kBkv,
+                            reinterpret_cast<const std::uint32_t*>(qt2.get()), kBq * sizeof(float), kBq, kd, st.get(),
+                            kBq * sizeof(float));
+      scale_rows(st.get(), kBkv, kBq, 1.0f);
+      auto* pq = reinterpret_cast<std::uint16_t*>(kbuf.get());
+      pack_p_rows(st.get(), kBq, kBq, kBkv, kBkv, pq);
+      pack_v([&](index_t j) { return v.data() + j * kd; }, 1, kBkv, kd, kd, vbuf.get());
+      scale_o(o.get(), kBq, kd, alpha.get());
+      amx::accumulate_pv(pq, kBkv * 2, kBq, kBkv, reinterpret_cast<const std::uint32_t*>(vbuf.get()),
+                         static_cast<std::size_t>(kd) * sizeof(float), kd, o.get(),
+                         static_cast<std::size_t>(kd) * sizeof(float));
     }
   };
 
@@ -497,68 +521,83 @@ struct Bf16DotKernel {
     return best;
   }
 
-  // Seconds per tile of each path, best of 2 rounds x 3 tiles, alternating
-  // (a tile is 4.2 MFLOP, 25-50 us on one core: the probe takes 0.5-1 ms).
-  static void probe_seconds(double& widen, double& native) {
+  // Seconds per tile of each path this CPU can run (1e30 for the others),
+  // best of 2 rounds x 3 tiles, alternating (a tile is 4.2 MFLOP, 25-50 us
+  // on one core with the vector unit: the probe takes 0.5-1.5 ms).
+  struct ProbeSeconds {
+    double widen = 1e30, pairs = 1e30, amx = 1e30;
+  };
+  static ProbeSeconds probe_seconds() {
     ProbeTile tile;
+    ProbeSeconds s;
+    const bool pairs = kNative && instruction_available(), with_amx = amx::available();
     tile.widen();
-    tile.template native<true>();
-    widen = native = 1e30;
-    for (int round = 0; round < 2; ++round) {
-      widen = std::min(widen, best_seconds([&] { tile.widen(); }, 3));
-      native = std::min(native, best_seconds([&] { tile.template native<true>(); }, 3));
+    if constexpr (kNative) {
+      if (pairs) tile.template native<true>();
     }
+    if (with_amx) tile.amx();
+    for (int round = 0; round < 2; ++round) {
+      s.widen = std::min(s.widen, best_seconds([&] { tile.widen(); }, 3));
+      if constexpr (kNative) {
+        if (pairs) s.pairs = std::min(s.pairs, best_seconds([&] { tile.template native<true>(); }, 3));
+      }
+      if (with_amx) s.amx = std::min(s.amx, best_seconds([&] { tile.amx(); }, 3));
+    }
+    return s;
   }
 
   // A one-time runtime probe rather than a per-target constant: the target
-  // says whether the instruction exists, not how fast it is. VDPBF16PS issues
+  // says whether an instruction exists, not how fast it is. VDPBF16PS issues
   // at one or two per cycle depending on the core (and AMD Zen 4 splits zmm
-  // ops), and the path also changes memory traffic, so which path wins is a
-  // property of the CPU, measured once per process (function-local static:
-  // thread-safe, 0.5-1 ms at the first bf16 call on a path-eligible task).
-  static bool native_is_faster() {
-    if constexpr (!kNative) {
-      return false;
-    } else {
-      static const bool faster = [] {
-        if (!instruction_available()) return false;
-        double widen = 0, native = 0;
-        probe_seconds(widen, native);
-        return native < widen;
-      }();
-      return faster;
-    }
-  }
-
-  static bool use_native() {
-    switch (bf16_dot_path()) {
-      case Bf16DotPath::widen:
-        return false;
-      case Bf16DotPath::native:
-        return true;
-      default:
-        return kNative && native_is_faster();
-    }
+  // ops), AMX trades vector work for packing, and the paths also change
+  // memory traffic, so which path wins is a property of the CPU, measured
+  // once per process (function-local static: thread-safe, at the first bf16
+  // call on a path-eligible task).
+  static const ProbeSeconds& probed() {
+    static const ProbeSeconds s = probe_seconds();
+    return s;
   }
 
   // ---- Which arithmetic runs a task (asked by the engine's run_task) ----------
-  // Pairs (with the instruction, or its emulation where the target lacks it
-  // and the path is forced), or widen: tasks with few rows (decode), K rows
-  // not contiguous along the head dim, or stacked K/V groups that do not
-  // fill whole vectors stay on the widening path.
+  // Widen for tasks with few rows (decode: memory-bound) or K rows not
+  // contiguous along the head dim; pairs and AMX where the task's rows fit
+  // their blocks (whole vectors / 16-row blocks per stacked K/V group; AMX
+  // also needs dk a multiple of 32, at least 64). The path setting
+  // (bf16_dot.hpp) forces one; automatic takes the fastest the probe timed
+  // among those the task can use.
   template <class T, class Var>
   static detail::Bf16Tiles choose_tiles(const detail::TiledCall<K, T, Var>& c, index_t task) {
+    using detail::Bf16Tiles;
     if constexpr (!std::is_same_v<T, bfloat16>) {
-      return detail::Bf16Tiles::widen;
+      return Bf16Tiles::widen;
     } else {
       const detail::WorkUnit& u = c.w.unit_of(task);
       const auto N = static_cast<index_t>(hn::Lanes(D()));
-      if (c.p.k_strides.dim != 1 || u.rows() <= kBq / 4) return detail::Bf16Tiles::widen;
-      if (u.kv_groups > 1 && u.group_rows() % N != 0) return detail::Bf16Tiles::widen;
-      if (!use_native()) return detail::Bf16Tiles::widen;
-      detail::bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
-      // The emulation runs where SEQATTN_BF16_DOT=1 or set_bf16_dot_path forces pairs without the instruction.
-      return kNative && instruction_available() ? detail::Bf16Tiles::pairs : detail::Bf16Tiles::emulated_pairs;
+      if (c.p.k_strides.dim != 1 || u.rows() <= kBq / 4) return Bf16Tiles::widen;
+      const bool pairs_fit = u.kv_groups == 1 || u.group_rows() % N == 0;
+      const bool amx_fits =
+          amx::available() && c.p.dk % 32 == 0 && c.p.dk >= 64 && (u.kv_groups == 1 || u.group_rows() % 16 == 0);
+      const Bf16DotPath path = bf16_dot_path();
+      const auto pairs = [&] {
+        detail::bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
+        // The emulation runs where SEQATTN_BF16_DOT=1 or set_bf16_dot_path forces pairs without the instruction.
+        return kNative && instruction_available() ? Bf16Tiles::pairs : Bf16Tiles::emulated_pairs;
+      };
+      const auto with_amx = [] {
+        detail::bf16_amx_task_count().fetch_add(1, std::memory_order_relaxed);
+        return Bf16Tiles::amx;
+      };
+      if (path == Bf16DotPath::widen) return Bf16Tiles::widen;
+      if (path == Bf16DotPath::native) return pairs_fit ? pairs() : Bf16Tiles::widen;
+      if (path == Bf16DotPath::amx && amx_fits) return with_amx();
+      if constexpr (!kNative) {
+        if (!amx::available()) return Bf16Tiles::widen;  // nothing to probe
+      }
+      const ProbeSeconds& s = probed();
+      const double amx_s = amx_fits ? s.amx : 1e30, pairs_s = pairs_fit ? s.pairs : 1e30;
+      if (amx_s < s.widen && amx_s <= pairs_s) return with_amx();
+      if (pairs_s < s.widen) return pairs();
+      return Bf16Tiles::widen;
     }
   }
 
@@ -587,6 +626,115 @@ struct Bf16DotKernel {
       Bf16DotKernel::accumulate_pv<kHw>(tile.scores, tile.rows, (tile.cols + 1) / 2, sc.vbuf.get(), dvp, alpha, o);
     }
   };
+
+  // ---- AMX tiles (backends/amx.hpp) ---------------------------------------------
+  // The same steps on Intel AMX: QK^T as K . Qt2 straight into St[key][row]
+  // (K in place when the tile's 32-multiple of rows are evenly spaced, else a
+  // zero-padded copy in kbuf), scaled after; P rounded to bf16 (nearest even)
+  // and transposed into Pq[row][key] (kbuf, free again after the scores), V
+  // packed into pairs (vbuf, pack_v), O scaled by alpha, then O += Pq . Vp.
+  // NaN policy: a tile with a zero (or bf16-denormal, flushed by the unit)
+  // weight and a non-finite V value runs FlashKernel::accumulate_pv on the
+  // fp32 P and a widened V instead, which skips zero weights.
+  // Conditions (choose_tiles): dk a multiple of 32 and >= 64, whole 16-row
+  // blocks per K/V group.
+  static constexpr index_t kAmxKeys = 32;
+  static index_t amx_rows(index_t rows) { return (rows + 15) / 16 * 16; }
+  static index_t amx_keys(index_t cols) { return (cols + kAmxKeys - 1) / kAmxKeys * kAmxKeys; }
+
+  // Pq[r][j] = bf16(St[j][r]) for r < rows, j < cols; zero for j in [cols, keys) and rows [rows, rows16).
+  static void pack_p_rows(const float* st, index_t rows, index_t rows16, index_t cols, index_t keys,
+                          std::uint16_t* pq) {
+    for (index_t r = 0; r < rows; ++r) {
+      std::uint16_t* out = pq + r * keys;
+      for (index_t j = 0; j < cols; ++j) {
+        std::uint32_t x;
+        std::memcpy(&x, st + j * kBq + r, sizeof(x));
+        out[j] = static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+      }
+      std::fill(out + cols, out + keys, std::uint16_t{0});
+    }
+    std::fill(pq + rows * keys, pq + rows16 * keys, std::uint16_t{0});
+  }
+
+  static void scale_rows(float* st, index_t cols, index_t rows_p, float scale) {
+    const D d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    const V s = hn::Set(d, scale);
+    for (index_t j = 0; j < cols; ++j) {
+      for (index_t r = 0; r < rows_p; r += N) hn::Store(hn::Mul(hn::Load(d, st + j * kBq + r), s), d, st + j * kBq + r);
+    }
+  }
+
+  static void scale_o(float* o, index_t rows, index_t dvp, const float* alpha) {
+    const D d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    for (index_t r = 0; r < rows; ++r) {
+      const V a = hn::Set(d, alpha[r]);
+      for (index_t e = 0; e < dvp; e += N) hn::Store(hn::Mul(hn::Load(d, o + r * dvp + e), a), d, o + r * dvp + e);
+    }
+  }
+
+  // K rows [0, keys) of a tile: in place when they are `cols` == keys rows an equal stride apart, else copied
+  // (dk bf16 each) into `buf` with zero rows up to `keys`. Returns the rows and sets `stride` (bytes).
+  template <class Row>
+  static const std::uint16_t* amx_key_rows(const Row& row, index_t cols, index_t keys, index_t dk, std::uint16_t* buf,
+                                           std::size_t& stride) {
+    const std::uint16_t* first = bits_of(row(0));
+    if (cols == keys && cols > 1) {
+      const std::ptrdiff_t step = bits_of(row(1)) - first;
+      bool even = step >= dk;
+      for (index_t j = 2; even && j < cols; ++j) even = bits_of(row(j)) - first == step * j;
+      if (even) {
+        stride = static_cast<std::size_t>(step) * sizeof(std::uint16_t);
+        return first;
+      }
+    }
+    for (index_t j = 0; j < cols; ++j) std::memcpy(buf + j * dk, bits_of(row(j)), static_cast<std::size_t>(dk) * 2);
+    std::fill(buf + cols * dk, buf + keys * dk, std::uint16_t{0});
+    stride = static_cast<std::size_t>(dk) * sizeof(std::uint16_t);
+    return buf;
+  }
+
+  struct AmxTiles {
+    void load_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
+                    const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
+      pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), sc.qt.get());
+    }
+    void scores(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
+                index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc) const {
+      const index_t keys = amx_keys(tile.cols);
+      std::size_t stride = 0;
+      const std::uint16_t* k =
+          amx_key_rows([&](index_t j) { return p.k_row(seq, tile.kv_begin + j, kv_head); }, tile.cols, keys, p.dk,
+                       reinterpret_cast<std::uint16_t*>(sc.kbuf.get()), stride);
+      amx::key_query_scores(k, stride, keys, reinterpret_cast<const std::uint32_t*>(sc.qt.get() + r0),
+                            kBq * sizeof(float), amx_rows(tile.rows_padded), p.dk, tile.scores, kBq * sizeof(float));
+      scale_rows(tile.scores, tile.cols, tile.rows_padded, q_scale);
+    }
+    void accumulate(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
+                    index_t dvp, const ScoreTile& tile, const float* alpha, float* o,
+                    detail::TileScratch<K>& sc) const {
+      const index_t keys = amx_keys(tile.cols), rows16 = amx_rows(tile.rows_padded);
+      auto* pq = reinterpret_cast<std::uint16_t*>(sc.kbuf.get());
+      pack_p_rows(tile.scores, tile.rows_padded, rows16, tile.cols, keys, pq);
+      const auto v_row = [&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); };
+      pack_v(v_row, p.v_strides.dim, tile.cols, p.dv, dvp, sc.vbuf.get());
+      const index_t pairs = (tile.cols + 1) / 2;
+      std::fill(sc.vbuf.get() + pairs * dvp, sc.vbuf.get() + keys / 2 * dvp, 0.0f);
+      if (AnyHalfWithExponent(reinterpret_cast<const float*>(pq), tile.rows, pairs, keys / 2, 0u) &&
+          AnyHalfWithExponent(sc.vbuf.get(), pairs, dvp, dvp, 0x7F80u)) {
+        const detail::RowsView v =
+            detail::load_kv_tile<K>(p, seq, true, tile.kv_begin, kv_head, tile.cols, p.dv, dvp, false, sc.vbuf.get());
+        K::accumulate_pv(tile.scores, tile.rows, tile.cols, v.rows, v.stride, dvp, alpha, o);
+        return;
+      }
+      scale_o(o, tile.rows_padded, dvp, alpha);
+      amx::accumulate_pv(pq, static_cast<std::size_t>(keys) * 2, rows16, keys,
+                         reinterpret_cast<const std::uint32_t*>(sc.vbuf.get()), dvp * sizeof(float), dvp, o,
+                         dvp * sizeof(float));
+    }
+  };
 };
 
 }  // namespace SEQATTN_KERNEL_ISA
@@ -601,6 +749,7 @@ struct Bf16DotTask<::seqattn::HWY_NAMESPACE::FlashKernel> {
   static constexpr bool kHardwarePairs = Kernel::kNative;
   template <bool kHw>
   using PairTiles = Kernel::PairDotTiles<kHw>;
+  using AmxTiles = Kernel::AmxTiles;
   template <class Call>
   static Bf16Tiles choose(const Call& c, index_t task) {
     return Kernel::choose_tiles(c, task);

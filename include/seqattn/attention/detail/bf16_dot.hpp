@@ -1,12 +1,15 @@
 // Which arithmetic bf16 prefill uses on the CPU, and the engine's hook for it.
 //
-// bf16 Q/K/V can be computed two ways (backends/highway_bf16-inl.h):
+// bf16 Q/K/V can be computed three ways (backends/highway_bf16-inl.h):
 //   widen   K and V tiles are widened to fp32 (stage_rows/to_f32) and multiplied
 //           with fp32 FMAs: the path every backend has;
 //   native  bf16 pair dot products with fp32 accumulation (AVX512_BF16's
 //           VDPBF16PS: 32 bf16 MACs per instruction against 16 fp32 FMAs),
 //           K read in place, V and P packed into bf16 pairs. P is rounded to
-//           bf16 (round to nearest even) before P.V; the row sums l stay fp32.
+//           bf16 (round to nearest even) before P.V; the row sums l stay fp32;
+//   amx     the same pair layouts through Intel AMX tile matmuls
+//           (backends/amx.hpp): K in place, P rounded as for native and
+//           transposed into rows, V packed into pairs.
 //
 // SEQATTN_BF16_DOT picks the default at compile time:
 //   0  widen always;
@@ -14,9 +17,11 @@
 //      (two fp32 FMAs per pair: 15-20 % slower than widening on one
 //      Cascade Lake tile) runs instead, so the
 //      path's arithmetic can be tested on any CPU;
-//   2  automatic (default): native only where the instruction is compiled in,
-//      the CPU has it, and a one-time probe finds it faster on this CPU (see
-//      Bf16DotKernel::native_is_faster), else widen.
+//   2  automatic (default): the fastest of widen, native (where the
+//      instruction is compiled in and the CPU has it) and AMX (where the CPU
+//      and the OS allow it, backends/amx.hpp) by a one-time probe on this CPU
+//      (Bf16DotKernel::probed), among those a task can use;
+//   3  AMX tiles wherever a task can use them, else as automatic.
 // set_bf16_dot_path() changes it at run time (tests force both paths).
 //
 // Bf16DotTask<Kernel> is what run_task (tiled_forward.hpp) asks a backend:
@@ -37,12 +42,12 @@
 #ifndef SEQATTN_BF16_DOT
 #define SEQATTN_BF16_DOT 2
 #endif
-static_assert(SEQATTN_BF16_DOT >= 0 && SEQATTN_BF16_DOT <= 2,
-              "SEQATTN_BF16_DOT must be 0 (widen), 1 (native) or 2 (automatic)");
+static_assert(SEQATTN_BF16_DOT >= 0 && SEQATTN_BF16_DOT <= 3,
+              "SEQATTN_BF16_DOT must be 0 (widen), 1 (native), 2 (automatic) or 3 (AMX)");
 
 namespace seqattn {
 
-enum class Bf16DotPath : int { widen = 0, native = 1, automatic = 2 };
+enum class Bf16DotPath : int { widen = 0, native = 1, automatic = 2, amx = 3 };
 
 namespace detail {
 
@@ -55,6 +60,10 @@ inline std::atomic<int>& bf16_dot_path_setting() {
 // which path a call took. One relaxed increment per task (a task is >= one
 // 128 x 64 tile, microseconds of work).
 inline std::atomic<std::uint64_t>& bf16_native_task_count() {
+  static std::atomic<std::uint64_t> count{0};
+  return count;
+}
+inline std::atomic<std::uint64_t>& bf16_amx_task_count() {  // the same for AMX tiles
   static std::atomic<std::uint64_t> count{0};
   return count;
 }
@@ -76,9 +85,9 @@ inline bool cpu_has_avx512_bf16() {
 #endif
 }
 
-// The tile arithmetic of one bf16 task: widened to fp32, or bf16 pairs with
-// the instruction or with its emulation.
-enum class Bf16Tiles { widen, pairs, emulated_pairs };
+// The tile arithmetic of one bf16 task: widened to fp32, bf16 pairs with
+// the instruction or with its emulation, or AMX tiles.
+enum class Bf16Tiles { widen, pairs, emulated_pairs, amx };
 
 template <class Kernel>
 struct Bf16DotTask {
@@ -97,7 +106,7 @@ struct Bf16DotTask {
 
 inline void set_bf16_dot_path(Bf16DotPath path) {
   const int v = static_cast<int>(path);
-  detail::require(v >= 0 && v <= 2, "set_bf16_dot_path: path must be widen, native or automatic, got ", v);
+  detail::require(v >= 0 && v <= 3, "set_bf16_dot_path: path must be widen, native, automatic or amx, got ", v);
   detail::bf16_dot_path_setting().store(v, std::memory_order_relaxed);
 }
 
@@ -106,5 +115,6 @@ inline Bf16DotPath bf16_dot_path() {
 }
 
 inline std::uint64_t bf16_native_tasks() { return detail::bf16_native_task_count().load(std::memory_order_relaxed); }
+inline std::uint64_t bf16_amx_tasks() { return detail::bf16_amx_task_count().load(std::memory_order_relaxed); }
 
 }  // namespace seqattn

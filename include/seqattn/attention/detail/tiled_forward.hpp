@@ -424,8 +424,8 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
   }
 }
 
-// One task: the bf16 pair arithmetic when the backend chooses it for this
-// task (bf16_dot.hpp), else the widening arithmetic, K and V in place where
+// One task: the bf16 pair or AMX arithmetic when the backend chooses it for
+// this task (bf16_dot.hpp), else the widening arithmetic, K and V in place where
 // that pays; either way the one loop, run_task_steps.
 template <class Kernel, class T, class V>
 void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel>& sc) {
@@ -438,6 +438,8 @@ void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel
         break;  // not chosen where the instruction is not compiled in
       case Bf16Tiles::emulated_pairs:
         return run_task_steps(c, task, sc, typename Pairs::template PairTiles<false>{});
+      case Bf16Tiles::amx:
+        return run_task_steps(c, task, sc, typename Pairs::AmxTiles{});
       case Bf16Tiles::widen:
         break;
     }

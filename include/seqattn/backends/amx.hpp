@@ -1,0 +1,180 @@
+// Intel AMX tile matmuls for the bf16 prefill path (backends/highway_bf16-inl.h, AmxTiles).
+//
+// AMX holds eight tile registers of up to 16 rows x 64 bytes; TDPBF16PS adds
+// A[16 x 32 bf16] . B[16 pair-rows x 16 pairs] into C[16 x 16 fp32], B's rows
+// holding bf16 PAIRS along the reduction (the layout Bf16DotKernel already
+// packs: Qt2 for QK^T, Vp for P.V). Products of bf16 are exact in fp32; the
+// sums round as on the vector unit, in another order.
+//
+//   QK^T:  C[key][query] = K[key][d] . Qt2[d/2][query]: A is K read in place
+//          (rows `k_stride` bytes apart) or from a zero-padded copy; the
+//          result lands in the engine's St[key][query] layout directly.
+//   P.V:   C[query][e] = P[query][key] . Vp[key/2][e]: A is P rounded to bf16
+//          and transposed into [query][key] rows; C is the task's O, loaded,
+//          accumulated and stored back.
+// Register blocks: 2 x 2 C tiles (tmm0-3), 2 A (tmm4-5), 2 B (tmm6-7); every
+// tile 16 rows x 64 bytes, so one configuration serves both products. Each
+// call loads the configuration and releases the tiles at its end: other code
+// on the thread (oneDNN, PyTorch) may use AMX between our calls.
+// Shapes: keys a multiple of 32 (callers pad with zero rows), dk a multiple
+// of 32, queries and dvp multiples of 16.
+//
+// Linux hands AMX state to a process only on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM); available() asks once, and is false where the CPU,
+// the kernel or the compiler lacks it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "seqattn/core/tensor.hpp"
+
+#if defined(__x86_64__) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define SEQATTN_HAS_AMX 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define SEQATTN_HAS_AMX 0
+#endif
+
+namespace seqattn::amx {
+
+#if SEQATTN_HAS_AMX
+
+namespace detail {
+
+struct TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+inline const TileConfig& config() {
+  static const TileConfig c = [] {
+    TileConfig t;
+    for (int i = 0; i < 8; ++i) {
+      t.bytes_per_row[i] = 64;
+      t.rows[i] = 16;
+    }
+    return t;
+  }();
+  return c;
+}
+
+#define SEQATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+
+// C tiles 0..3 = (a, b) blocks (0,0) (0,1) (1,0) (1,1); kA / kB: 1 or 2 tiles.
+template <int kA, int kB>
+SEQATTN_AMX_TARGET inline void block(const char* a, std::size_t a_stride, std::size_t a_next, const char* b,
+                                     std::size_t b_stride, std::size_t b_next, index_t steps, std::size_t a_step,
+                                     std::size_t b_step, char* c, std::size_t c_stride, std::size_t c_row_next,
+                                     std::size_t c_col_next, bool load_c) {
+  if (load_c) {
+    _tile_loadd(0, c, c_stride);
+    if constexpr (kB == 2) _tile_loadd(1, c + c_col_next, c_stride);
+    if constexpr (kA == 2) _tile_loadd(2, c + c_row_next, c_stride);
+    if constexpr (kA == 2 && kB == 2) _tile_loadd(3, c + c_row_next + c_col_next, c_stride);
+  } else {
+    _tile_zero(0);
+    if constexpr (kB == 2) _tile_zero(1);
+    if constexpr (kA == 2) _tile_zero(2);
+    if constexpr (kA == 2 && kB == 2) _tile_zero(3);
+  }
+  for (index_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, a + s * a_step, a_stride);
+    _tile_loadd(6, b + s * b_step, b_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (kB == 2) {
+      _tile_loadd(7, b + s * b_step + b_next, b_stride);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (kA == 2) {
+      _tile_loadd(5, a + s * a_step + a_next, a_stride);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (kB == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, c_stride);
+  if constexpr (kB == 2) _tile_stored(1, c + c_col_next, c_stride);
+  if constexpr (kA == 2) _tile_stored(2, c + c_row_next, c_stride);
+  if constexpr (kA == 2 && kB == 2) _tile_stored(3, c + c_row_next + c_col_next, c_stride);
+}
+
+// C[a_rows][b_cols] (+)= A[a_rows][steps * 32 bf16] . B[steps * 16 pair-rows][b_cols pairs]; a_rows and b_cols
+// multiples of 16. A row i at a + i * a_stride; B pair-row r at b + r * b_stride; C row i at c + i * c_stride.
+SEQATTN_AMX_TARGET inline void matmul(const void* a, std::size_t a_stride, index_t a_rows, const void* b,
+                                      std::size_t b_stride, index_t b_cols, index_t steps, void* c,
+                                      std::size_t c_stride, bool accumulate) {
+  _tile_loadconfig(&config());
+  const char* ap = static_cast<const char*>(a);
+  const char* bp = static_cast<const char*>(b);
+  char* cp = static_cast<char*>(c);
+  for (index_t i = 0; i < a_rows; i += 32) {
+    const bool two_a = i + 16 < a_rows;
+    for (index_t j = 0; j < b_cols; j += 32) {
+      const bool two_b = j + 16 < b_cols;
+      const char* at = ap + i * a_stride;
+      const char* bt = bp + j * 4;
+      char* ct = cp + i * c_stride + j * 4;
+      const std::size_t an = 16 * a_stride, bn = 64, crn = 16 * c_stride, ccn = 64, as = 64, bs = 16 * b_stride;
+      if (two_a && two_b) {
+        block<2, 2>(at, a_stride, an, bt, b_stride, bn, steps, as, bs, ct, c_stride, crn, ccn, accumulate);
+      } else if (two_a) {
+        block<2, 1>(at, a_stride, an, bt, b_stride, bn, steps, as, bs, ct, c_stride, crn, ccn, accumulate);
+      } else if (two_b) {
+        block<1, 2>(at, a_stride, an, bt, b_stride, bn, steps, as, bs, ct, c_stride, crn, ccn, accumulate);
+      } else {
+        block<1, 1>(at, a_stride, an, bt, b_stride, bn, steps, as, bs, ct, c_stride, crn, ccn, accumulate);
+      }
+    }
+  }
+  _tile_release();
+}
+
+#undef SEQATTN_AMX_TARGET
+
+}  // namespace detail
+
+// CPUID (leaf 7: AMX-TILE EDX bit 24, AMX-BF16 EDX bit 22) and the kernel's
+// permission for this process, asked once.
+inline bool available() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (((d >> 24) & 1u) == 0 || ((d >> 22) & 1u) == 0) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return ok;
+}
+
+// St[key][query] = K[key][:dk] . Qt2: `keys` K rows (a multiple of 32) at k + j * k_stride bytes, Qt2 with rows
+// (d pairs) of `qt2_stride` bytes, `queries` (a multiple of 16) lanes; St rows st_stride bytes apart. Unscaled.
+inline void key_query_scores(const std::uint16_t* k, std::size_t k_stride, index_t keys, const std::uint32_t* qt2,
+                             std::size_t qt2_stride, index_t queries, index_t dk, float* st, std::size_t st_stride) {
+  detail::matmul(k, k_stride, keys, qt2, qt2_stride, queries, dk / 32, st, st_stride, false);
+}
+
+// O[query][e] += P[query][key] . Vp[key/2][e]: P bf16 rows of pq_stride bytes, `keys` a multiple of 32 (zero
+// beyond the tile's keys), Vp pair-rows of vp_stride bytes, dvp a multiple of 16; O rows o_stride bytes apart.
+inline void accumulate_pv(const std::uint16_t* pq, std::size_t pq_stride, index_t queries, index_t keys,
+                          const std::uint32_t* vp, std::size_t vp_stride, index_t dvp, float* o, std::size_t o_stride) {
+  detail::matmul(pq, pq_stride, queries, vp, vp_stride, dvp, keys / 32, o, o_stride, true);
+}
+
+#else
+
+inline bool available() { return false; }
+inline void key_query_scores(const std::uint16_t*, std::size_t, index_t, const std::uint32_t*, std::size_t, index_t,
+                             index_t, float*, std::size_t) {}
+inline void accumulate_pv(const std::uint16_t*, std::size_t, index_t, index_t, const std::uint32_t*, std::size_t,
+                          index_t, float*, std::size_t) {}
+
+#endif
+
+}  // namespace seqattn::amx

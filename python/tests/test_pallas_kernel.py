@@ -152,8 +152,8 @@ def inner_mask(ids, pos, inner):
 
 
 def test_random_per_head_mask_with_empty_rows_f32(rng):
-    """Per-head random masks (stored bits), sizes not multiples of the block, fully masked rows and a fully masked
-    q block (count 0), an LSE cotangent."""
+    """Per-head random masks (stored bits) with both q heads on one kv head, sizes not multiples of the block, fully
+    masked rows and a fully masked q block (count 0), an LSE cotangent."""
     b, h, sq, skv, d = 1, 2, 300, 260, 64
     allowed = random_mask(rng, b, h, sq, skv)
     allowed[:, :, 7] = False  # one empty row inside a block
@@ -162,7 +162,7 @@ def test_random_per_head_mask_with_empty_rows_f32(rng):
     layout = layout_from_dense(allowed, block_q=BLOCK, block_kv=BLOCK)
     validate(layout)
     assert np.asarray(layout.q_count).min() == 0
-    check(rng, layout, *operands(rng, b, h, h, sq, skv, d))
+    check(rng, layout, *operands(rng, b, h, 1, sq, skv, d))
 
 
 def test_causal_mqa_softcap_sinks(rng):
@@ -332,6 +332,8 @@ def test_bad_input_raises_value_error():
         (dict(softcap=-1.0), "softcap"),
         (dict(page_table=np.zeros((1, 2), np.int32)), "page size"),
         (dict(page_table=np.zeros((2, 2), np.int32)), "page_table must be"),
+        (dict(layout=layout._replace(q_count=layout.q_count[:1])), "layout.q_count"),
+        (dict(layout=layout._replace(kv_tiles=layout.q_tiles[:, :64])), "layout.kv_tiles"),
     ]
     for change, message in cases:
         args = dict(q=q, k=kv, v=kv, layout=layout)

@@ -631,6 +631,27 @@ def _pair(x, name, shapes):
     return a.astype(jnp.int32), b.astype(jnp.int32)
 
 
+def _check_layout_arrays(layout, heads):
+    """The layout arrays' shapes and dtypes against its LayoutShape (static: works on traced arrays too). Their
+    values are the builder's promise (``validate`` checks a host layout); a wrong shape would fail deep in Pallas."""
+    s = layout.shape
+    for prefix, rows, tile_shape in (("q", s.num_q_blocks, (s.block_q, s.block_kv)),
+                                     ("kv", s.num_kv_blocks, (s.block_kv, s.block_q))):
+        n_rows = s.batch * s.mask_heads * rows
+        entries = jnp.shape(getattr(layout, f"{prefix}_tile"))
+        other = "kv" if prefix == "q" else "q"
+        for field, want in (("start", (n_rows,)), ("count", (n_rows,)), (other, entries), ("tile", entries),
+                            ("fetch", entries)):
+            a = getattr(layout, f"{prefix}_{field}")
+            if jnp.shape(a) != want or len(want) != 1 or want[0] < 1 or not jnp.issubdtype(a.dtype, jnp.integer):
+                raise ValueError(f"flash_attention: layout.{prefix}_{field} must be an integer array of shape {want} "
+                                 f"(non-empty) for {s}, got {a.dtype}{jnp.shape(a)}")
+        tiles = getattr(layout, f"{prefix}_tiles")
+        if len(jnp.shape(tiles)) != 3 or jnp.shape(tiles)[1:] != tile_shape or jnp.shape(tiles)[0] < 1:
+            raise ValueError(f"flash_attention: layout.{prefix}_tiles must be [>=1, {tile_shape[0]}, {tile_shape[1]}], "
+                             f"got {jnp.shape(tiles)}")
+
+
 def _static(q, k, v, layout, scale, softcap, sinks, segment_ids, positions, inner, page_table, interpret):
     if not isinstance(layout, BlockLayout):
         raise ValueError(f"flash_attention: layout must be a seqattn.pallas.BlockLayout, got {type(layout).__name__}")
@@ -652,6 +673,7 @@ def _static(q, k, v, layout, scale, softcap, sinks, segment_ids, positions, inne
     if s.batch != b_ or s.q_len != sq or s.mask_heads not in (1, h):
         raise ValueError(f"flash_attention: layout (batch {s.batch}, mask heads {s.mask_heads}, q_len {s.q_len}) "
                          f"does not fit q {q.shape} (mask heads must be 1 or {h})")
+    _check_layout_arrays(layout, h)
     for name, blk in (("block_q", s.block_q), ("block_kv", s.block_kv)):
         if blk % 128:
             # Both blocks are lane dims somewhere: bits [bq, bkv] forward and [bkv, bq] in dK/dV, lse rows [1, bq].

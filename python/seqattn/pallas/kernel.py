@@ -148,16 +148,14 @@ def _logits(st, a, b):
     return st.softcap * t, t
 
 
-def _split(refs, st, n_prefetch, names):
-    """Names the kernel's refs: prefetch first, then operands in the order _operands built them."""
-    out = dict(zip(("start", "count", "ent", "tile", "fetch"), refs[:5]))
-    rest = list(refs[n_prefetch:])
-    for name in names:
-        out[name] = rest.pop(0)
-    return out, rest
+def _split(refs, n_prefetch, names):
+    """Names the kernel's refs: the five list arrays (and the page table) first, then ``names`` in order."""
+    rest = refs[n_prefetch:]
+    assert len(rest) == len(names), (len(rest), names)
+    return dict(zip(("start", "count", "ent", "tile", "fetch"), refs[:5])) | dict(zip(names, rest))
 
 
-def _optional_names(st, q_major):
+def _optional_names(st):
     names = []
     if st.has_ids:
         names += ["q_ids", "kv_ids"]
@@ -187,9 +185,9 @@ def _predicate_values(st, r):
 
 def _fwd_kernel(st, *refs):
     n_prefetch = 6 if st.pages_per_seq else 5
-    names = ["q", "k", "v", "bits"] + _optional_names(st, True) + (["sinks"] if st.has_sinks else [])
+    names = ["q", "k", "v", "bits"] + _optional_names(st) + (["sinks"] if st.has_sinks else [])
     names += ["o", "lse"] + (["steps"] if st.count_steps else []) + ["m", "l", "acc"]
-    r, _ = _split(refs, st, n_prefetch, names)
+    r = _split(refs, n_prefetch, names)
     b, h, qi, j = (pl.program_id(i) for i in range(4))
     e, n = _entry(r["start"], r["count"], _q_row(st, b, h, qi), j)
     tile, kb = r["tile"][e], r["ent"][e]
@@ -257,9 +255,9 @@ def _fwd_kernel(st, *refs):
 
 def _dq_kernel(st, *refs):
     n_prefetch = 6 if st.pages_per_seq else 5
-    names = ["q", "k", "v", "bits"] + _optional_names(st, True) + ["lse", "delta", "do", "dq"]
+    names = ["q", "k", "v", "bits"] + _optional_names(st) + ["lse", "delta", "do", "dq"]
     names += (["steps"] if st.count_steps else []) + ["acc"]
-    r, _ = _split(refs, st, n_prefetch, names)
+    r = _split(refs, n_prefetch, names)
     b, h, qi, j = (pl.program_id(i) for i in range(4))
     e, n = _entry(r["start"], r["count"], _q_row(st, b, h, qi), j)
     tile, kb = r["tile"][e], r["ent"][e]
@@ -313,9 +311,9 @@ def _dq_kernel(st, *refs):
 
 def _dkv_kernel(st, *refs):
     n_prefetch = 6 if st.pages_per_seq else 5
-    names = ["q", "k", "v", "bits"] + _optional_names(st, False) + ["lse", "delta", "do", "dk", "dv"]
+    names = ["q", "k", "v", "bits"] + _optional_names(st) + ["lse", "delta", "do", "dk", "dv"]
     names += (["steps"] if st.count_steps else []) + ["dk_acc", "dv_acc"]
-    r, _ = _split(refs, st, n_prefetch, names)
+    r = _split(refs, n_prefetch, names)
     b, hkv, kb, j = (pl.program_id(i) for i in range(4))
     h, jj = _kv_head_step(st, hkv, j)
     e, n = _entry(r["start"], r["count"], _kv_row(st, b, h, kb), jj)
@@ -578,16 +576,21 @@ def _attend_fwd(st, q, k, v, sinks, ids, pos, page_table, arrays):
     return (out, lse), (q, k, v, sinks, ids, pos, page_table, arrays, out, lse)
 
 
-def _attend_bwd(st, residuals, cotangents):
-    q, k, v, sinks, ids, pos, page_table, arrays, out, lse = residuals
-    do, dlse = cotangents
+def _backward_stats(out, lse, do, dlse):
+    """The kernels' lse (finite) and delta = rowsum(dO * O) - dlse, fp32 [B, H, Sq]."""
     delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
     if dlse is not None:
         # d lse / d s = p (and d lse / d sink = p_sink): an LSE cotangent folds into delta, ds = p (dp - delta + dlse),
-        # so the kernels and the sink gradient below stay as they are.
+        # so the kernels and the sink gradient stay as they are.
         delta = delta - dlse.astype(jnp.float32)
     # Rows that attend to nothing have lse -inf (no sink): their p is 0, so any finite stand-in keeps 0 * x = 0.
-    lse_k = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    return jnp.where(jnp.isfinite(lse), lse, 0.0), delta
+
+
+def _attend_bwd(st, residuals, cotangents):
+    q, k, v, sinks, ids, pos, page_table, arrays, out, lse = residuals
+    do, dlse = cotangents
+    lse_k, delta = _backward_stats(out, lse, do, dlse)
     dq = _backward_dq(st, q, k, v, ids, pos, page_table, arrays, lse_k, delta, do)[0]
     dk, dv = _backward_dkv(st, q, k, v, ids, pos, page_table, arrays, lse_k, delta, do)[:2]
     if st.pages_per_seq:
@@ -704,6 +707,18 @@ def _static(q, k, v, layout, scale, softcap, sinks, segment_ids, positions, inne
                    sinks is not None, bool(interpret))
 
 
+def _prepare(q, k, v, layout, *, scale=None, softcap=None, sinks=None, segment_ids=None, positions=None, inner="full",
+             page_table=None, interpret=False, count_steps=False):
+    """Checks every argument (ValueError before any work); the static config and the kernels' array operands."""
+    st = _static(q, k, v, layout, scale, softcap, sinks, segment_ids, positions, inner, page_table, interpret)
+    ids = _pair(segment_ids, "segment_ids", ((st.batch, st.q_len), (st.batch, st.kv_len)))
+    pos = _pair(positions, "positions", ((st.batch, st.q_len), (st.batch, st.kv_len)))
+    arrays = tuple(jnp.asarray(a, jnp.int8 if i in (5, 11) else jnp.int32) for i, a in enumerate(layout.arrays()))
+    sinks = None if sinks is None else jnp.asarray(sinks, jnp.float32)
+    pt = None if page_table is None else jnp.asarray(page_table)
+    return st._replace(count_steps=bool(count_steps)), (sinks, ids, pos, pt, arrays)
+
+
 def flash_attention(q, k, v, layout, *, scale=None, softcap=None, sinks=None, segment_ids=None, positions=None,
                     inner="full", page_table=None, return_lse=False, interpret=False):
     """Flash attention over the blocks ``layout`` lists; differentiable (q, k, v, sinks) through jax.custom_vjp.
@@ -716,35 +731,23 @@ def flash_attention(q, k, v, layout, *, scale=None, softcap=None, sinks=None, se
     "full", "causal" (q_pos >= kv_pos) or ``window(left, right)``; positions default to token indices. Full tiles
     are never masked. ``sinks`` ``[H]``: one logit per q head in every row's denominator.
     Returns out ``[B, H, Sq, D]`` (and lse ``[B, H, Sq]`` fp32, natural log, sink included, with return_lse).
+    ``interpret=True`` runs the kernels' program on CPU (tests); False lowers them with Mosaic for TPU.
     """
-    st = _static(q, k, v, layout, scale, softcap, sinks, segment_ids, positions, inner, page_table, interpret)
-    ids = _pair(segment_ids, "segment_ids", ((st.batch, st.q_len), (st.batch, st.kv_len)))
-    pos = _pair(positions, "positions", ((st.batch, st.q_len), (st.batch, st.kv_len)))
-    arrays = tuple(jnp.asarray(a, jnp.int8 if i in (5, 11) else jnp.int32) for i, a in enumerate(layout.arrays()))
-    sinks = None if sinks is None else jnp.asarray(sinks, jnp.float32)
-    pt = None if page_table is None else jnp.asarray(page_table)
+    st, (sinks, ids, pos, pt, arrays) = _prepare(q, k, v, layout, scale=scale, softcap=softcap, sinks=sinks,
+                                                 segment_ids=segment_ids, positions=positions, inner=inner,
+                                                 page_table=page_table, interpret=interpret)
     out, lse = _attend(st, q, k, v, sinks, ids, pos, pt, arrays)
     return (out, lse) if return_lse else out
 
 
 def grid_steps(q, k, v, layout, do=None, **kwargs):
-    """Test aid: the number of grid steps that computed, per pass, as ``{"forward", "dq", "dkv"}`` int arrays
-    ``[B, H, NQ]``, ``[B, H, NQ]`` and ``[B, Hkv, NK]``. Takes flash_attention's keyword arguments."""
-    kwargs = dict(kwargs)
-    kwargs.pop("return_lse", None)
-    st = _static(q, k, v, layout, kwargs.get("scale"), kwargs.get("softcap"), kwargs.get("sinks"),
-                 kwargs.get("segment_ids"), kwargs.get("positions"), kwargs.get("inner", "full"),
-                 kwargs.get("page_table"), kwargs.get("interpret", False))._replace(count_steps=True)
-    ids = _pair(kwargs.get("segment_ids"), "segment_ids", ((st.batch, st.q_len), (st.batch, st.kv_len)))
-    pos = _pair(kwargs.get("positions"), "positions", ((st.batch, st.q_len), (st.batch, st.kv_len)))
-    arrays = tuple(jnp.asarray(a, jnp.int8 if i in (5, 11) else jnp.int32) for i, a in enumerate(layout.arrays()))
-    sinks = kwargs.get("sinks")
-    sinks = None if sinks is None else jnp.asarray(sinks, jnp.float32)
-    pt = kwargs.get("page_table")
+    """Test aid: the grid steps that computed, per pass: ``{"forward", "dq", "dkv"}`` int32 arrays ``[B, H, NQ]``,
+    ``[B, H, NQ]`` and ``[B, Hkv, NK]``. Takes flash_attention's keyword arguments (not return_lse); ``do``: the
+    output cotangent (ones by default)."""
+    st, (sinks, ids, pos, pt, arrays) = _prepare(q, k, v, layout, count_steps=True, **kwargs)
     out, lse, fwd = _forward(st, q, k, v, sinks, ids, pos, pt, arrays)
-    do = jnp.ones_like(out) if do is None else do
-    delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    do = jnp.ones_like(out) if do is None else jnp.asarray(do, out.dtype)
+    lse, delta = _backward_stats(out, lse, do, None)
     dq = _backward_dq(st, q, k, v, ids, pos, pt, arrays, lse, delta, do)[1]
     dkv = _backward_dkv(st, q, k, v, ids, pos, pt, arrays, lse, delta, do)[2]
     return {name: x[:, :, :: _STEP_TILE[0], 0] for name, x in (("forward", fwd), ("dq", dq), ("dkv", dkv))}

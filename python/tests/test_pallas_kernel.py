@@ -185,15 +185,16 @@ def test_sinks_on_fully_masked_rows_give_the_sink_as_lse(rng):
     assert np.all(np.asarray(out)[0, :, 130:140] == 0)
 
 
-def test_documents_predicate_only_tiles_gqa(rng):
-    """-2 tiles: the element mask is the segment-id predicate (documents, causal at reset positions) alone."""
+@pytest.mark.parametrize("inner", ["causal", window(30, 10)], ids=["causal", "window"])
+def test_documents_predicate_only_tiles_gqa(rng, inner):
+    """-2 tiles: the element mask is the segment-id predicate (documents, inner at reset positions) alone."""
     b, h, hkv, s, d = 2, 4, 2, 280, 64
     ids, pos = documents(rng, b, s, 4)
-    pred = inner_mask(ids, pos, "causal")
+    pred = inner_mask(ids, pos, inner)
     layout = as_predicate_only(layout_from_dense(pred[:, None], block_q=BLOCK, block_kv=BLOCK))
     assert np.any(np.asarray(layout.q_tile) == PREDICATE_TILE)
     allowed = check(rng, layout, *operands(rng, b, h, hkv, s, s, d), predicate=pred,
-                    segment_ids=(ids, ids), positions=(pos, pos), inner="causal")
+                    segment_ids=(ids, ids), positions=(pos, pos), inner=inner)
     np.testing.assert_array_equal(allowed[:, 0], pred)  # the layout and predicate together are the document mask
 
 
@@ -277,6 +278,23 @@ def test_agrees_with_the_cpu_engine(rng):
     _, _, (dq, dk, dv) = run(q, k, v, layout, do, np.zeros((b, h, sq), np.float32), softcap=5.0)
     for got, want in ((dq, e_dq), (dk, e_dk), (dv, e_dv)):
         np.testing.assert_allclose(np.asarray(got), bshd(want), rtol=1e-4, atol=1e-4)
+
+
+def test_predicate_agrees_with_the_cpu_engine_document_mask(rng):
+    """The kernel's segment-id predicate (-2 tiles, causal at positions) means what the engine's document mask
+    (segment_ids, positions and CausalMask) means: same output and LSE."""
+    b, h, s, d = 2, 2, 260, 64
+    ids, pos = documents(rng, b, s, 3)
+    layout = as_predicate_only(layout_from_dense(inner_mask(ids, pos, "causal")[:, None], block_q=BLOCK,
+                                                 block_kv=BLOCK))
+    q, k, v, _, _ = operands(rng, b, h, h, s, s, d)
+    bshd = lambda a: np.ascontiguousarray(np.asarray(a).transpose(0, 2, 1, 3))  # noqa: E731
+    e_out, e_lse = seqattn.attention(bshd(q), bshd(k), bshd(v), seqattn.CausalMask(), segment_ids=ids,
+                                     positions=pos)
+    out, lse = flash_attention(q, k, v, layout, segment_ids=(ids, ids), positions=(pos, pos), inner="causal",
+                               return_lse=True, interpret=True)
+    np.testing.assert_allclose(np.asarray(out), bshd(e_out), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lse), e_lse, rtol=1e-5, atol=1e-5)
 
 
 def test_grid_steps_equal_the_listed_blocks(rng):

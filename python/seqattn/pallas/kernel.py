@@ -177,8 +177,9 @@ def _predicate_values(st, r):
 # Grid (B, H, NQ, q_width); step (b, h, qi, j) computes entry j of q block qi's row (nothing past its count).
 # Blocks: q [bq, D] (b, h, qi); k, v [bkv, D] (b, h // group, kv block) or page (page_table[b, kv block], h // group);
 # bits int8 [bq, bkv] (q_fetch of the entry); ids / positions [bq, 1] and [1, bkv]; out [bq, D]; lse [bq, 1].
-# VMEM: double-buffered q, k, v, bits (2 * (bq + 2 bkv) * D * itemsize + 2 * bq * bkv) plus fp32 scratch
-# m, l [bq, 1] and acc [bq, D]: about 2.6 MiB at bq = bkv = 512, D = 128, bf16.
+# VMEM (bq = bkv = 512, D = 128, bf16): double-buffered q, k, v, out 1 MiB, bits 0.5 MiB, fp32 scratch acc
+# 0.25 MiB and m, l 0.5 MiB (a [bq, 1] buffer pads to 128 lanes), plus the compiler's fp32 [bq, bkv] temporaries
+# (s, p: 1 MiB each): about 4 MiB, twice the operands' share at D = 256; under the 16 MiB default scoped limit.
 # HBM: q and out once per q block; k, v once per listed entry (a repeated index re-uses the buffer); bits once
 # per change of the fetch index, i.e. per listed partial tile at most; nothing for unlisted blocks.
 
@@ -249,8 +250,9 @@ def _fwd_kernel(st, *refs):
 # dQ.
 #
 # Grid (B, H, NQ, q_width) as the forward. Blocks: q, dO [bq, D], lse and delta [bq, 1], k, v [bkv, D], bits
-# [bq, bkv]; out dq [bq, D]; fp32 scratch dq [bq, D]. VMEM about the forward's plus dO's buffers. HBM: q, dO,
-# lse, delta, dq once per q block; k, v once per listed entry.
+# [bq, bkv]; out dq [bq, D]; fp32 scratch dq [bq, D]. VMEM (512 / 512 / 128, bf16): q, dO, k, v, dq 1.25 MiB,
+# bits 0.5, lse / delta 1 (lane-padded), scratch 0.25, temporaries s, p, dp, ds 4: about 7 MiB.
+# HBM: q, dO, lse, delta, dq once per q block; k, v once per listed entry.
 
 
 def _dq_kernel(st, *refs):
@@ -306,7 +308,9 @@ def _dq_kernel(st, *refs):
 # keys on sublanes: s^T = k q^T [bkv, bq], so the key-major tiles [bkv, bq] and lse / delta rows [1, bq] apply
 # without a transpose. Blocks: k, v [bkv, D]; q, dO [bq, D]; lse, delta [1, bq]; bits [bkv, bq]; ids / positions
 # [bkv, 1] and [1, bq]; out dk, dv [bkv, D] in the sequence layout (paged K/V: scattered to pages outside);
-# fp32 scratch dk, dv [bkv, D]. HBM: k, v, dk, dv once per kv block; q, dO, lse, delta once per listed entry.
+# fp32 scratch dk, dv [bkv, D]. VMEM (512 / 512 / 128, bf16): k, v, q, dO, dk, dv 1.5 MiB, bits 0.5, scratch
+# 0.5, temporaries s, p, dp, ds 4: about 6.5 MiB. HBM: k, v, dk, dv once per kv block; q, dO, lse, delta once
+# per listed entry (per q head of the group).
 
 
 def _dkv_kernel(st, *refs):

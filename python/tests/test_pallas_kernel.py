@@ -316,6 +316,48 @@ def test_grid_steps_equal_the_listed_blocks(rng):
     assert q_count.sum() < b * h * nq * nk  # the test means something: blocks were skipped
 
 
+def strided(layout, rng):
+    """The layout as a traced builder lays it out: row r at entries r * width .., slots past a row's count filled
+    with random (valid) junk the kernel must never use."""
+    s = layout.shape
+    fields = {}
+    for prefix, col, width, n_cols in (("q", "kv", s.q_width, s.num_kv_blocks), ("kv", "q", s.kv_width,
+                                                                                 s.num_q_blocks)):
+        start, count = np.asarray(getattr(layout, f"{prefix}_start")), np.asarray(getattr(layout, f"{prefix}_count"))
+        n_tiles = np.asarray(getattr(layout, f"{prefix}_tiles")).shape[0]
+        n = start.size * width
+        out = {"col": rng.integers(0, n_cols, n), "tile": rng.integers(PREDICATE_TILE, n_tiles, n),
+               "fetch": rng.integers(0, n_tiles, n)}
+        for name, src in (("col", col), ("tile", "tile"), ("fetch", "fetch")):
+            a = np.asarray(getattr(layout, f"{prefix}_{src}"))
+            for r in range(start.size):
+                out[name][r * width: r * width + count[r]] = a[start[r]: start[r] + count[r]]
+        fields.update({f"{prefix}_start": (np.arange(start.size) * width).astype(np.int32),
+                       f"{prefix}_{col}": out["col"].astype(np.int32), f"{prefix}_tile": out["tile"].astype(np.int32),
+                       f"{prefix}_fetch": out["fetch"].astype(np.int32)})
+    return layout._replace(**fields)
+
+
+def test_fixed_stride_layout_with_junk_past_the_counts(rng):
+    """Rows at a fixed stride (a traced builder's form) whose unused slots hold junk give the compact layout's
+    results bit for bit: the kernels read nothing past a row's count."""
+    b, h, hkv, sq, skv, d = 1, 2, 1, 300, 260, 64
+    allowed = random_mask(rng, b, h, sq, skv, density=0.4)
+    keep = np.array([[[1, 0, 1], [0, 1, 1], [0, 0, 0]], [[1, 0, 1], [0, 0, 1], [1, 0, 0]]], bool)  # [h, NQ, NK]
+    allowed &= np.repeat(np.repeat(keep, BLOCK, 1), BLOCK, 2)[None, :, :sq, :skv]
+    compact = layout_from_dense(allowed, block_q=BLOCK, block_kv=BLOCK)
+    junk = strided(compact, rng)
+    validate(junk)
+    for prefix, width in (("q", compact.shape.q_width), ("kv", compact.shape.kv_width)):
+        count = np.asarray(getattr(compact, f"{prefix}_count"))
+        assert count.min() == 0 and count.max() == width and width > 1  # junk slots, empty rows, full rows
+    q, k, v, do, dlse = operands(rng, b, h, hkv, sq, skv, d)
+    want = run(q, k, v, compact, do, dlse, softcap=4.0)
+    got = run(q, k, v, junk, do, dlse, softcap=4.0)
+    for x, y in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_under_jit_with_traced_layout(rng):
     """The layout's arrays may be traced (a device-side builder under jit): same values as with host arrays."""
     b, h, s, d = 1, 2, 200, 64

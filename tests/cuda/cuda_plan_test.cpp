@@ -1,5 +1,5 @@
 // Host-side planning of the Cuda backend, tested without a GPU:
-//   - build_device_mask_layout (backends/cuda/device_mask.hpp): the CSR form
+//   - build_device_mask_layout (backends/device_mask.hpp): the CSR form
 //     of a BlockMask, checked row by row against the BlockMask and element by
 //     element against the mask description's own predicate;
 //   - plan_launch (backends/cuda/launch_plan.hpp): head dims, GQA packing,
@@ -23,8 +23,8 @@
 
 #include "seqattn/attention/run.hpp"
 #include "seqattn/attention/variants.hpp"
-#include "seqattn/backends/cuda/device_mask.hpp"
 #include "seqattn/backends/cuda/launch_plan.hpp"
+#include "seqattn/backends/device_mask.hpp"
 #include "seqattn/backends/reference.hpp"
 #include "seqattn/masks.hpp"
 
@@ -34,9 +34,9 @@
 namespace seqattn_test_cuda_cuda_plan_test {
 
 using namespace seqattn;
-using seqattn::cuda::build_device_mask_layout;
-using seqattn::cuda::DeviceMaskLayout;
-using seqattn::cuda::KvTileEntry;
+using seqattn::backends::build_device_mask_layout;
+using seqattn::backends::DeviceMaskLayout;
+using seqattn::backends::KvTileEntry;
 using seqattn::cuda::LaunchPlan;
 using seqattn::cuda::plan_launch;
 

@@ -205,13 +205,24 @@ struct PackedSequencesMask {
     if (b < 0) return;
     const index_t c0 = std::max(kv_begin(b), begin), c1 = std::min(kv_end(b), end);
     if (c0 >= c1) return;
-    std::vector<std::uint64_t> local_bits(static_cast<std::size_t>(ceil_div_nonneg(c1 - c0, 64)), 0);
-    fill_row_bits(inner, local(ctx, b), q - q_begin(b), c0 - kv_begin(b), c1 - kv_begin(b), local_bits.data());
-    for (index_t c = 0; c < c1 - c0; ++c) {
-      if (test_bit(local_bits.data(), c)) {
-        const index_t at = c0 - begin + c;
-        words[at / 64] |= std::uint64_t{1} << (at % 64);
-      }
+    // Most rows fit a 1024-key stack buffer; longer tiles take the heap.
+    std::uint64_t small[16] = {};
+    std::vector<std::uint64_t> large;
+    const index_t n_words = ceil_div_nonneg(c1 - c0, 64);
+    std::uint64_t* local_bits = small;
+    if (n_words > 16) {
+      large.assign(static_cast<std::size_t>(n_words), 0);
+      local_bits = large.data();
+    }
+    fill_row_bits(inner, local(ctx, b), q - q_begin(b), c0 - kv_begin(b), c1 - kv_begin(b), local_bits);
+    // Word by word: bits past c1 - c0 are clear, so a spill into the word
+    // after the last one the row owns is always zero and is skipped.
+    const index_t shift = (c0 - begin) % 64, first = (c0 - begin) / 64, last = ceil_div_nonneg(end - begin, 64) - 1;
+    for (index_t w = 0; w < n_words; ++w) {
+      const std::uint64_t v = local_bits[w];
+      if (v == 0) continue;
+      words[first + w] |= v << shift;
+      if (shift != 0 && first + w + 1 <= last) words[first + w + 1] |= v >> (64 - shift);
     }
   }
 

@@ -330,6 +330,10 @@ TEST_CASE("Tpu::plan: argument errors name the argument before any work", "[tpu]
   fails(TpuSequences::padded(1, 64, 64), 1, {128, 1 << 17}, "block_kv");
   fails(TpuSequences::padded(1, 0, 64), 1, {128, 128}, "q_len");
   fails(TpuSequences::padded(0, 64, 64), 1, {128, 128}, "batch");
+  // Padding is bounded too: every padded block gets a row, whatever the sequences hold.
+  fails(TpuSequences::ragged(index_t{1} << 41, 64, {10}, {10}), 1, {16, 16}, "q_len = 2199023255552 is");
+  fails(TpuSequences::ragged(64, index_t{1} << 41, {10}, {10}), 1, {16, 16}, "kv_len = 2199023255552 is");
+  fails(TpuSequences::padded(1 << 20, 64, index_t{1} << 30), 64, {128, 1}, "rows of the layout");
   fails(TpuSequences::ragged(64, 64, {10, 65}, {10, 10}), 1, {128, 128}, "q_lens[1] = 65");
   fails(TpuSequences::ragged(64, 64, {10, 20}, {10}), 1, {128, 128}, "kv_lens");
   fails(TpuSequences::ragged(64, 64, {10, 20}, {10, -1}), 1, {128, 128}, "kv_lens[1] = -1");
@@ -341,6 +345,10 @@ TEST_CASE("Tpu::plan: argument errors name the argument before any work", "[tpu]
   TpuSequences two_rows = TpuSequences::packed(64, 64, {0, 10}, {0, 10});
   two_rows.batch = 2;
   fails(two_rows, 1, {128, 128}, "batch must be 1");
+  // 70000^2 full 1 x 1 tiles: more entries than int32 reaches, refused from
+  // the BlockMask's counts before any list (or the transpose) is built.
+  CHECK_THROWS_WITH(Tpu::plan(FullMask{}, TpuSequences::padded(1, 70000, 70000), 1, {1, 1}),
+                    ContainsSubstring("use larger blocks"));
   // The mask's own check, against the sequences it is asked about: a document
   // mask of 64-token rows does not fit a packed sequence of 10 tokens.
   std::vector<std::int32_t> ids(64, 1);

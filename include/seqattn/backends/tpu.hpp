@@ -45,6 +45,7 @@
 #include <limits>
 #include <map>
 #include <span>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -340,8 +341,10 @@ inline backends::TpuBlockLists block_lists(const backends::DeviceMaskLayout& dl,
 
   backends::TpuBlockLists out;
   const index_t rows = checked_size(kWho, limits::kMaxTensorElements, batch, dl.mask_heads, padded_rows);
-  out.start.reserve(static_cast<std::size_t>(rows));
-  out.count.reserve(static_cast<std::size_t>(rows));
+  allocating("Tpu::plan: start and count of every row", static_cast<std::size_t>(rows) * 2 * sizeof(std::int32_t), [&] {
+    out.start.reserve(static_cast<std::size_t>(rows));
+    out.count.reserve(static_cast<std::size_t>(rows));
+  });
   out.block.reserve(dl.entries.size());
   out.tile.reserve(dl.entries.size());
   for (index_t b = 0; b < batch; ++b) {
@@ -450,6 +453,12 @@ struct Tpu {
       if (!seqs.q_lens.empty()) lengths = RaggedLengths{seqs.q_lens, seqs.kv_lens};
       bm = build_block_mask(mask, std::move(lengths), heads, block);
     }
+    // Entries are indexed in int32 on the TPU (scalar prefetch), and both the
+    // lists and the transpose cost O(listed tiles): refuse before building them.
+    const index_t listed = bm.num_full_tiles() + bm.num_partial_tiles();
+    seqattn::detail::require(listed <= std::numeric_limits<std::int32_t>::max(), dt::kWho, ": the mask lists ", listed,
+                             " non-empty (", block.q, ", ", block.kv,
+                             ") tiles, more than the 2^31 - 1 entries int32 indices reach; use larger blocks");
     out.mask_heads = bm.heads();
     out.queries = dt::block_lists(build_device_mask_layout(bm, dt::kWho), seqs.q_len, "Tpu::plan: q_tiles");
     out.keys = dt::block_lists(build_device_mask_layout(bm.transposed(), dt::kWho), seqs.kv_len, "Tpu::plan: kv_tiles");
@@ -516,6 +525,16 @@ struct Tpu {
             seqs.q_len, " and kv_len ", seqs.kv_len);
     require(seqs.batch >= 1 && seqs.batch <= limits::kMaxTensorElements, dt::kWho, ": batch must be positive, got ",
             seqs.batch);
+    // Block indices are int32 in the kernel's lists, and every padded block
+    // gets a row: the padded lengths are bounded here, not only the sequences.
+    for (const auto& [name, len, b, block_name] : {std::tuple{"q_len", seqs.q_len, block.q, "block_q"},
+                                                   std::tuple{"kv_len", seqs.kv_len, block.kv, "block_kv"}}) {
+      const index_t blocks = seqattn::detail::ceil_div_nonneg(len, b);
+      require(blocks <= limits::kMaxBlocksPerAxis, dt::kWho, ": ", name, " = ", len, " is ", blocks, " blocks of ",
+              block_name, " = ", b, ", more than the ", limits::kMaxBlocksPerAxis, " int32 block indices reach");
+      seqattn::detail::checked_size("Tpu::plan: rows of the layout (batch x heads x blocks)",
+                                    limits::kMaxTensorElements, seqs.batch, heads, blocks);
+    }
     if (seqs.is_packed()) {
       require(seqs.batch == 1, dt::kWho, ": packed (THD) sequences are one stream: batch must be 1, got ", seqs.batch);
       require(seqs.q_lens.empty() && seqs.kv_lens.empty(), dt::kWho,

@@ -10,6 +10,7 @@
 //   - worked examples with known arrays, the page table, and argument errors.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -244,6 +245,62 @@ TEST_CASE("Tpu::plan: THD packed streams, each sequence masked in its own coordi
     check_layout(lay, 1, c.heads, q_len, kv_len, block, allowed,
                  "THD " + describe(c) + ", stream (" + std::to_string(q_len) + ", " + std::to_string(kv_len) +
                      "), block (" + std::to_string(block.q) + ", " + std::to_string(block.kv) + ")");
+  }
+}
+
+TEST_CASE("Tpu::plan: dense masks with a head dim, ragged and packed", "[tpu]") {
+  // The random cases above have no DenseMask: mostly-on, mostly-off and
+  // half-on arrays, whose tiles are classified by scanning every element.
+  std::mt19937 rng(4242);
+  for (int iter = 0; iter < 24; ++iter) {
+    const index_t batch = pick(rng, 1, 3), heads = pick(rng, 1, 3);
+    const index_t q = pick(rng, 1, 150), kv = pick(rng, 1, 150);
+    const int density = static_cast<int>(pick(rng, 0, 2));
+    auto values = std::make_shared<std::vector<std::uint8_t>>(static_cast<std::size_t>(batch * heads * q * kv));
+    for (auto& v : *values) {
+      const index_t roll = pick(rng, 0, 99);
+      v = density == 0 ? roll < 3 : density == 1 ? roll < 50 : roll < 97;
+    }
+    const AnyMask mask(
+        DenseMask<std::uint8_t>{TensorView<const std::uint8_t>(values->data(), Extents{batch, heads, q, kv})}, values);
+    std::vector<index_t> q_lens, kv_lens, cu_q{0}, cu_kv{0};
+    for (index_t b = 0; b < batch; ++b) {
+      q_lens.push_back(pick(rng, 0, q));
+      kv_lens.push_back(pick(rng, 0, kv));
+      cu_q.push_back(cu_q.back() + q_lens.back());
+      cu_kv.push_back(cu_kv.back() + kv_lens.back());
+    }
+    const BlockShape block = pick_block(rng);
+    const auto value = [&](index_t b, index_t h, index_t r, index_t c) {
+      return (*values)[static_cast<std::size_t>(((b * heads + h) * q + r) * kv + c)] != 0;
+    };
+    const std::string what = "dense, density " + std::to_string(density) + ", batch " + std::to_string(batch) +
+                             ", heads " + std::to_string(heads) + ", values (" + std::to_string(q) + ", " +
+                             std::to_string(kv) + "), block (" + std::to_string(block.q) + ", " +
+                             std::to_string(block.kv) + ")";
+    const TpuLayout bshd = Tpu::plan(mask, TpuSequences::ragged(q, kv, q_lens, kv_lens), heads, block);
+    check_layout(
+        bshd, batch, heads, q, kv, block,
+        [&](index_t b, index_t h, index_t r, index_t c) {
+          return r < q_lens[static_cast<std::size_t>(b)] && c < kv_lens[static_cast<std::size_t>(b)] &&
+                 value(b, h, r, c);
+        },
+        what);
+    const TpuLayout thd = Tpu::plan(
+        mask, TpuSequences::packed(std::max<index_t>(1, cu_q.back()), std::max<index_t>(1, cu_kv.back()), cu_q, cu_kv),
+        heads, block);
+    check_layout(
+        thd, 1, heads, std::max<index_t>(1, cu_q.back()), std::max<index_t>(1, cu_kv.back()), block,
+        [&](index_t, index_t h, index_t r, index_t c) {
+          for (index_t b = 0; b < batch; ++b) {
+            const auto s = static_cast<std::size_t>(b);
+            if (r >= cu_q[s] && r < cu_q[s + 1]) {
+              return c >= cu_kv[s] && c < cu_kv[s + 1] && value(b, h, r - cu_q[s], c - cu_kv[s]);
+            }
+          }
+          return false;
+        },
+        "THD " + what);
   }
 }
 

@@ -79,7 +79,7 @@ def page_table(block_table, kv_lens, *, num_pages, block_kv, page_size=None):
     ``kv_len = pages * block_kv`` and these ``kv_lens``.
     """
     page_size = block_kv if page_size is None else page_size
+    sizes = [_int(v, name, 1, "page_table") for v, name in
+             ((num_pages, "num_pages"), (page_size, "page_size"), (block_kv, "block_kv"))]
     return _core._tpu_page_table(np.ascontiguousarray(as_int32(block_table, "block_table")),
-                                 np.ascontiguousarray(as_int32(kv_lens, "kv_lens")),
-                                 _int(num_pages, "num_pages", 1, "page_table"),
-                                 _int(page_size, "page_size", 1, "page_table"), _int(block_kv, "block_kv", 1, "page_table"))
+                                 np.ascontiguousarray(as_int32(kv_lens, "kv_lens")), *sizes)

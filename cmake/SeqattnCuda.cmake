@@ -5,8 +5,8 @@
 #
 # The library itself needs none of this: it stays header-only, and consumers
 # compile cuda.cuh with their own nvcc settings. The host-only planning
-# headers (backends/cuda/*.hpp) and their test (tests/cuda/*.cpp) build with
-# the C++ compiler whatever this option says.
+# headers (backends/device_mask.hpp, backends/cuda/*.hpp) and their test
+# (tests/cuda/*.cpp) build with the C++ compiler whatever this option says.
 
 # On by default when seqattn is the top-level project, builds tests, examples
 # or benchmarks, is not sanitized (the asan/tsan/fuzz presets turn it off too)

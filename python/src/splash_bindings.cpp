@@ -1,18 +1,23 @@
-// seqattn._core: Splash MaskInfo (backends/splash.hpp) as NumPy arrays in
-// Splash's own dtypes. The Python side (seqattn/splash.py) wraps them in
-// JAX's MaskInfo.
+// seqattn._core: TPU kernel metadata as NumPy arrays. Splash MaskInfo
+// (backends/splash.hpp) in Splash's own dtypes, which seqattn/splash.py wraps
+// in JAX's MaskInfo; and our Pallas kernel's BlockLayout (backends/tpu.hpp),
+// which seqattn/pallas/static.py wraps in seqattn.pallas.BlockLayout.
 #include <cstdint>
 #include <memory>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/vector.h>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "seqattn/backends/splash.hpp"
+#include "seqattn/backends/tpu.hpp"
 #include "seqattn/masks/any_mask.hpp"
 
 #include "bindings.hpp"
+#include "internal.hpp"
 
 namespace nb = nanobind;
 
@@ -96,6 +101,22 @@ nb::dict to_python(SplashMaskInfo&& info) {
   return d;
 }
 
+// One direction of a TPU layout under the contract's field names
+// (`prefix` q or kv, `other` the block its entries name: kv or q).
+void put_block_lists(nb::dict& d, seqattn::backends::TpuBlockLists&& l, const char* prefix, const char* other,
+                     index_t tile_rows, index_t tile_cols) {
+  const std::string p = prefix;
+  const auto rows = static_cast<index_t>(l.start.size());
+  const auto entries = static_cast<index_t>(l.block.size());
+  d[(p + "_start").c_str()] = owned_numpy<std::int32_t>(std::move(l.start), Extents{rows});
+  d[(p + "_count").c_str()] = owned_numpy<std::int32_t>(std::move(l.count), Extents{rows});
+  d[(p + "_" + other).c_str()] = owned_numpy<std::int32_t>(std::move(l.block), Extents{entries});
+  d[(p + "_tile").c_str()] = owned_numpy<std::int32_t>(std::move(l.tile), Extents{entries});
+  d[(p + "_fetch").c_str()] = owned_numpy<std::int32_t>(std::move(l.fetch), Extents{entries});
+  d[(p + "_tiles").c_str()] = owned_numpy<std::int8_t>(std::move(l.tiles), Extents{l.num_tiles, tile_rows, tile_cols});
+  d[(p + "_width").c_str()] = l.width;
+}
+
 SplashOptions options_of(bool is_dkv, index_t head_shards, index_t q_seq_shards, bool downcast, bool shrink) {
   SplashOptions o;
   o.is_dkv = is_dkv;
@@ -142,4 +163,45 @@ void bind_splash(nb::module_& m) {
       nb::arg("block_mask"), nb::arg("heads"), nb::arg("batch_index"), nb::arg("is_dkv"), nb::arg("head_shards"),
       nb::arg("q_seq_shards"), nb::arg("downcast_smem_data"), nb::arg("shrink_grid"),
       "Splash MaskInfo fields of one batch entry of a seqattn BlockMask.");
+  m.def(
+      "_tpu_layout",
+      [](nb::handle mask, index_t q_len, index_t kv_len, index_t batch, index_t heads, index_t block_q,
+         index_t block_kv, std::vector<index_t> q_lens, std::vector<index_t> kv_lens, std::vector<index_t> cu_seqlens_q,
+         std::vector<index_t> cu_seqlens_kv) {
+        using seqattn::backends::Tpu;
+        using seqattn::backends::TpuSequences;
+        const seqattn::AnyMask& m = mask_from_python(mask, "mask");
+        TpuSequences seqs = TpuSequences::padded(batch, q_len, kv_len);
+        seqs.q_lens = std::move(q_lens);
+        seqs.kv_lens = std::move(kv_lens);
+        seqs.cu_seqlens_q = std::move(cu_seqlens_q);
+        seqs.cu_seqlens_kv = std::move(cu_seqlens_kv);
+        seqattn::backends::TpuLayout layout;
+        {
+          nb::gil_scoped_release release;
+          layout = Tpu::plan(m, seqs, heads, {block_q, block_kv});
+        }
+        nb::dict d;
+        d["mask_heads"] = layout.mask_heads;
+        put_block_lists(d, std::move(layout.queries), "q", "kv", block_q, block_kv);
+        put_block_lists(d, std::move(layout.keys), "kv", "q", block_kv, block_q);
+        return d;
+      },
+      nb::arg("mask"), nb::arg("q_len"), nb::arg("kv_len"), nb::arg("batch"), nb::arg("heads"), nb::arg("block_q"),
+      nb::arg("block_kv"), nb::arg("q_lens"), nb::arg("kv_lens"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_kv"),
+      "The Pallas kernel's BlockLayout arrays of a mask (see seqattn.pallas.static_layout).");
+  m.def(
+      "_tpu_page_table",
+      [](const seqattn::python::CpuArray<std::int32_t>& block_table,
+         const seqattn::python::CpuArray<std::int32_t>& kv_lens, index_t num_pages, index_t page_size,
+         index_t block_kv) {
+        const auto table = seqattn::backends::Tpu::page_table(seqattn::python::view_of(block_table, "block_table"),
+                                                              seqattn::python::view_of(kv_lens, "kv_lens"), num_pages,
+                                                              page_size, block_kv);
+        std::vector<std::int32_t> pages = table.pages;
+        return owned_numpy<std::int32_t>(std::move(pages), Extents{table.batch, table.pages_per_seq});
+      },
+      nb::arg("block_table"), nb::arg("kv_lens"), nb::arg("num_pages"), nb::arg("page_size"), nb::arg("block_kv"),
+      "The Pallas kernel's int32 [batch, pages] page table from a checked block table (see "
+      "seqattn.pallas.page_table).");
 }

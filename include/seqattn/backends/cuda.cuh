@@ -83,9 +83,9 @@
 #include "seqattn/attention/run.hpp"
 #include "seqattn/attention/variants.hpp"
 #include "seqattn/backends/cuda/backward_kernel.cuh"
-#include "seqattn/backends/cuda/device_mask.hpp"
 #include "seqattn/backends/cuda/forward_kernel.cuh"
 #include "seqattn/backends/cuda/launch_plan.hpp"
+#include "seqattn/backends/device_mask.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/float16.hpp"
@@ -154,10 +154,10 @@ struct Stream {
 
 // What a plan made with PlanOptions::backward keeps for attention_backward.
 struct DeviceBackwardPlan {
-  DeviceMaskLayout keys;  // the transposed BlockMask's layout (host copy)
+  backends::DeviceMaskLayout keys;  // the transposed BlockMask's layout (host copy)
   BackwardLaunchPlan launch;
   DeviceBuffer<std::int32_t> key_row_offsets;
-  DeviceBuffer<KvTileEntry> key_entries;
+  DeviceBuffer<backends::KvTileEntry> key_entries;
   DeviceBuffer<std::uint64_t> key_tile_bits;
   DeviceBuffer<WorkItem> query_items;
   DeviceBuffer<KeyWorkItem> key_items;
@@ -171,10 +171,10 @@ struct DeviceBackwardPlan {
 struct DevicePlan {
   int device = 0;
   index_t num_sms = 0;
-  DeviceMaskLayout layout;  // host copy (inspection, tests)
+  backends::DeviceMaskLayout layout;  // host copy (inspection, tests)
   LaunchPlan launch;
   DeviceBuffer<std::int32_t> row_offsets;
-  DeviceBuffer<KvTileEntry> entries;
+  DeviceBuffer<backends::KvTileEntry> entries;
   DeviceBuffer<std::uint64_t> tile_bits;
   DeviceBuffer<WorkItem> items;
   DeviceBuffer<float> part_out, part_lse;
@@ -570,7 +570,7 @@ struct Cuda {
     int sms = 0;
     cuda::check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d->device), "cudaDeviceGetAttribute");
     d->num_sms = sms;
-    d->layout = cuda::build_device_mask_layout(bm);
+    d->layout = build_device_mask_layout(bm, "Cuda backend");
     d->launch = cuda::plan_launch(shape, d->layout, options, d->num_sms);
     d->row_offsets = cuda::upload(d->layout.row_offsets);
     d->entries = cuda::upload(d->layout.entries);
@@ -650,9 +650,9 @@ struct Cuda {
 
  private:
   static std::unique_ptr<cuda::DeviceBackwardPlan> plan_backward(const AttentionShape& shape, const BlockMask& bm,
-                                                                 const cuda::DeviceMaskLayout& layout) {
+                                                                 const DeviceMaskLayout& layout) {
     auto b = std::make_unique<cuda::DeviceBackwardPlan>();
-    b->keys = cuda::build_device_mask_layout(bm.transposed());
+    b->keys = build_device_mask_layout(bm.transposed(), "Cuda backend");
     b->launch = cuda::plan_backward_launch(shape, layout, b->keys);
     b->key_row_offsets = cuda::upload(b->keys.row_offsets);
     b->key_entries = cuda::upload(b->keys.entries);

@@ -3,7 +3,8 @@
 Random shapes, dtypes and values (finite, NaN, inf, huge and negative sizes)
 into seqattn.attention / attention_backward, the mask classes and their
 compositions (&, |, ~), to_dense / to_additive / pack_bits / block_mask /
-classes / to_ascii, the Splash MaskInfo export, the flex export
+classes / to_ascii, the Splash MaskInfo export, the Pallas BlockLayout and
+page table (seqattn.pallas), the flex export
 (seqattn.torch), seqattn.jax.attention (without jit) and the descriptors.
 The only acceptable errors are ValueError, TypeError and MemoryError with a
 message; any other exception, or a crash of the process, is a finding.
@@ -21,6 +22,7 @@ import atheris
 with atheris.instrument_imports():
     import numpy as np
     import seqattn
+    import seqattn.pallas
     import seqattn.splash
 
 try:
@@ -197,7 +199,7 @@ def fuzz_mask_representations(src):
     batch, heads = src.int(1, 2), src.int(1, 3)
     q_len, kv_len = src.int(0, 40), src.int(0, 40)
     mask = make_mask(src, q_len, kv_len, batch, heads)
-    which = src.int(0, 6)
+    which = src.int(0, 7)
     ql, kl = (q_len, kv_len) if src.int(0, 7) else lengths(src)
     kw = {}
     if src.bool():
@@ -234,12 +236,37 @@ def fuzz_mask_representations(src):
                                  heads=heads if src.bool() else None, is_dkv=src.bool(),
                                  head_shards=src.pick([1, 1, heads, 2, 0]), q_seq_shards=src.pick([1, 1, 2, 0]),
                                  shrink_grid=src.bool(), downcast_smem_data=src.bool())
+    elif which == 7:
+        fuzz_pallas_layout(src, mask, q_len, kv_len, batch, heads)
     elif seqattn_torch is not None:
         block = src.pick([16, 32, 128, (16, 32), (128,), (0, 16)])
         B, H = src.pick([batch, None, 1, 2**16, 0]), src.pick([heads, None, 1, 2**17, 0])
         arrays = seqattn_torch.block_mask_arrays(mask, B, H, ql, kl, block,
                                                  separate_full_blocks=src.bool(), compute_q_blocks=src.bool())
         assert isinstance(arrays, dict)
+
+
+def fuzz_pallas_layout(src, mask, q_len, kv_len, batch, heads):
+    # Valid choices first and more often, so that most inputs get past the argument checks.
+    block = src.pick([8, 16, 64, 8, 16, 128, 0, -1, 2**17])
+    kw = {"heads": src.pick([heads, heads, None, 0, 2**17]), "block_q": block, "block_kv": src.pick([block, 8, 32])}
+    shape = src.int(0, 2)
+    if shape == 1:  # ragged BSHD: lengths of the mask's own batch, sometimes past the padded ones
+        kw["q_lens"] = [src.pick([q_len, q_len // 2, 0, q_len + 1, -1]) for _ in range(batch)]
+        kw["kv_lens"] = [src.pick([kv_len, kv_len // 3, 0, kv_len + 1]) for _ in range(batch)]
+    elif shape == 2:  # packed THD: offsets that may decrease or run past the stream
+        cu = [0]
+        for _ in range(batch):
+            cu.append(cu[-1] + src.pick([q_len, q_len, 0, 1, -1]))
+        kw["cu_seqlens"] = cu
+    padded_q = src.pick([max(1, q_len) * batch, max(1, q_len) * batch + 5, q_len, 0, -1, HOSTILE_SIZES[2]])
+    padded_kv = src.pick([None, max(1, kv_len) * batch, max(1, kv_len) * batch + 3, kv_len])
+    layout = seqattn.pallas.static_layout(mask, padded_q, padded_kv, **kw)
+    seqattn.pallas.validate(layout)
+    table = src.ints((batch, src.int(0, 3)), -1, 5)
+    seqattn.pallas.page_table(table, src.ints((src.pick([batch, batch, batch + 1]),), -1, 300),
+                              num_pages=src.pick([5, 5, 0, 2**40]), block_kv=src.pick([128, 128, 0]),
+                              page_size=src.pick([None, None, 128, 64]))
 
 
 def fuzz_jax(src):

@@ -38,7 +38,7 @@
 
 #include "seqattn/attention/inputs.hpp"
 #include "seqattn/attention/options.hpp"
-#include "seqattn/backends/cuda/device_mask.hpp"
+#include "seqattn/backends/device_mask.hpp"
 #include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/longest_first.hpp"
@@ -97,8 +97,8 @@ void longest_first(const std::vector<std::pair<index_t, Item>>& weighted, std::v
   for (const index_t i : order) out.push_back(weighted[static_cast<std::size_t>(i)].second);
 }
 
-inline LaunchPlan plan_launch(const AttentionShape& shape, const DeviceMaskLayout& mask, const PlanOptions& options,
-                              index_t num_sms) {
+inline LaunchPlan plan_launch(const AttentionShape& shape, const backends::DeviceMaskLayout& mask,
+                              const PlanOptions& options, index_t num_sms) {
   seqattn::detail::require(mask.block.q == kBlockQ && mask.block.kv == kBlockKv,
                            "Cuda backend: the BlockMask has block shape (", mask.block.q, ", ", mask.block.kv,
                            "), the kernels tile by (", kBlockQ, ", ", kBlockKv, ")");
@@ -176,8 +176,8 @@ struct BackwardLaunchPlan {
 
 // `keys` is the device layout of the transposed BlockMask (block shape
 // (kBlockKv, kBlockQ): rows are key blocks, two words of tile bits per key).
-inline BackwardLaunchPlan plan_backward_launch(const AttentionShape& shape, const DeviceMaskLayout& mask,
-                                               const DeviceMaskLayout& keys) {
+inline BackwardLaunchPlan plan_backward_launch(const AttentionShape& shape, const backends::DeviceMaskLayout& mask,
+                                               const backends::DeviceMaskLayout& keys) {
   seqattn::detail::require(shape.dk <= kMaxBackwardHeadDim && shape.dv <= kMaxBackwardHeadDim,
                            "Cuda backend: the backward pass supports head dims up to ", kMaxBackwardHeadDim,
                            ", got dk ", shape.dk, ", dv ", shape.dv);
@@ -188,7 +188,7 @@ inline BackwardLaunchPlan plan_backward_launch(const AttentionShape& shape, cons
                            keys.block.q, ", ", keys.block.kv, "))");
   BackwardLaunchPlan plan;
   plan.head_dim = padded_head_dim(shape.dk, shape.dv);
-  auto row_length = [](const DeviceMaskLayout& m, index_t row) {
+  auto row_length = [](const backends::DeviceMaskLayout& m, index_t row) {
     return m.row_offsets[static_cast<std::size_t>(row) + 1] - m.row_offsets[static_cast<std::size_t>(row)];
   };
   std::vector<std::pair<index_t, WorkItem>> queries;

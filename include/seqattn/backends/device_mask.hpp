@@ -1,5 +1,7 @@
-// The BlockMask as the CUDA kernels read it: flat arrays uploaded once into a
-// plan (host-only code; no CUDA headers, so it is tested on any machine).
+// The BlockMask as the accelerator backends read it: flat arrays that the
+// Cuda backend uploads once into a plan and that the Tpu backend
+// (backends/tpu.hpp) reshapes into its Pallas kernel's scalar-prefetch
+// metadata. Host-only code with no CUDA headers, so it is tested on any machine.
 //
 //   row_offsets [rows + 1]   entries of row r are entries[row_offsets[r] .. row_offsets[r + 1])
 //   entries     [n]          (kv_block, tile): tile -1 = full (no mask work), else the
@@ -20,7 +22,7 @@
 #include "seqattn/core/error.hpp"
 #include "seqattn/masks/block_mask.hpp"
 
-namespace seqattn::cuda {
+namespace seqattn::backends {
 
 struct KvTileEntry {
   std::int32_t kv_block = 0;
@@ -49,8 +51,9 @@ struct DeviceMaskLayout {
 
 // Flattens `bm`. Its partial tiles must carry bits (PlanOptions::store_tile_bits,
 // the default): a device kernel cannot call the description's predicate.
-inline DeviceMaskLayout build_device_mask_layout(const BlockMask& bm) {
-  seqattn::detail::require(bm.has_tile_bits(), "Cuda backend: the BlockMask has partial tiles without stored bits (",
+// `who` (the backend) starts every error message.
+inline DeviceMaskLayout build_device_mask_layout(const BlockMask& bm, const char* who = "build_device_mask_layout") {
+  seqattn::detail::require(bm.has_tile_bits(), who, ": the BlockMask has partial tiles without stored bits (",
                            bm.num_partial_tiles(),
                            " partial tiles); plan with PlanOptions::store_tile_bits = true or build the BlockMask with "
                            "BlockMaskOptions{.store_tile_bits = true}");
@@ -87,8 +90,8 @@ inline DeviceMaskLayout build_device_mask_layout(const BlockMask& bm) {
             ++p;
           }
         }
-        seqattn::detail::require(out.entries.size() <= static_cast<std::size_t>(INT32_MAX),
-                                 "Cuda backend: the BlockMask has more than 2^31 non-empty tiles");
+        seqattn::detail::require(out.entries.size() <= static_cast<std::size_t>(INT32_MAX), who,
+                                 ": the BlockMask has more than 2^31 non-empty tiles");
         out.row_offsets.push_back(static_cast<std::int32_t>(out.entries.size()));
       }
     }
@@ -96,4 +99,4 @@ inline DeviceMaskLayout build_device_mask_layout(const BlockMask& bm) {
   return out;
 }
 
-}  // namespace seqattn::cuda
+}  // namespace seqattn::backends

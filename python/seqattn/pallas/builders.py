@@ -80,7 +80,8 @@ def _width(v, name, default, who):
 
 def _pack(code, width):
     """Per row of ``code [R, C]`` (tile code per block, ``_UNLISTED`` where not listed): its listed blocks in
-    ascending order at stride ``width``. Returns (start, count, col, tile, fetch, overflow).
+    ascending order at stride ``width`` (the caller has left at most ``width`` per row). Returns (start, count,
+    col, tile, fetch).
 
     Slots past a row's count repeat its last block with a full-tile code: the kernel never computes there, and a
     full code keeps each later entry's fetch index what it would be without the padding.
@@ -89,7 +90,7 @@ def _pack(code, width):
     listed = code != _UNLISTED
     n = jnp.sum(listed, axis=-1, dtype=jnp.int32)
     rank = jnp.cumsum(listed, axis=-1, dtype=jnp.int32) - 1
-    keep = listed & (rank < width)
+    keep = listed & (rank < width)  # all of them, as called; the bound keeps a slip from writing out of the row
     row = lax.broadcasted_iota(jnp.int32, (r, c), 0)
     # Rows x width may not fit a flat int32 index for huge grids, so scatter with a 2-D index; dropped
     # entries go to an out-of-range row (a negative index would wrap).
@@ -108,16 +109,25 @@ def _pack(code, width):
     last = lax.cummax(stamp, axis=0)
     fetch = jnp.where(last >= 0, tile[jnp.maximum(last, 0)], 0)
     start = jnp.arange(r, dtype=jnp.int32) * width
-    return start, count, cols.reshape(-1), tile, fetch, jnp.any(n > width)
+    return start, count, cols.reshape(-1), tile, fetch
 
 
 def _both_ways(code, q_tiles, shape):
-    """LayoutBuild parts from the q-major grid ``code [B * Hm, NQ, NK]`` and the stored tiles."""
+    """LayoutBuild parts from the q-major grid ``code [B * Hm, NQ, NK]`` and the stored tiles.
+
+    A block past its q row's width or its kv row's width is dropped from both lists, so they stay transposes of
+    each other (dropping only lowers the other ranks, so one pass suffices).
+    """
     bh, nq, nk = code.shape
+    listed = code != _UNLISTED
+    q_rank = jnp.cumsum(listed, axis=2, dtype=jnp.int32) - 1
+    kv_rank = jnp.cumsum(listed, axis=1, dtype=jnp.int32) - 1
+    code = jnp.where(listed & (q_rank < shape.q_width) & (kv_rank < shape.kv_width), code, _UNLISTED)
+    overflow = jnp.any(q_rank >= shape.q_width) | jnp.any(kv_rank >= shape.kv_width)
     q = _pack(code.reshape(bh * nq, nk), shape.q_width)
     kv = _pack(code.transpose(0, 2, 1).reshape(bh * nk, nq), shape.kv_width)
     layout = BlockLayout(*q[:5], q_tiles, *kv[:5], q_tiles.transpose(0, 2, 1), shape)
-    return layout, q[5] | kv[5]
+    return layout, overflow
 
 
 # --- documents ----------------------------------------------------------------------------------------------------
@@ -198,6 +208,8 @@ def document_layout(segment_ids, positions=None, *, mask=None, block_q, block_kv
     b, s_q = q_ids.shape
     s_kv = kv_ids.shape[1]
     nq, nk = -(-s_q // bq), -(-s_kv // bkv)
+    shape = LayoutShape(b, 1, s_q, s_kv, bq, bkv, _width(q_width, "q_width", nk, who),
+                        _width(kv_width, "kv_width", nq, who))
     classes = block_classes(q_ids, positions, kv_segment_ids=kv_segment_ids, kv_positions=kv_positions, inner=mask,
                             block_size=(bq, bkv))[:, 0]
     # block_classes calls a short last block full when its real pairs are; the layout's -1 also promises the
@@ -209,8 +221,6 @@ def document_layout(segment_ids, positions=None, *, mask=None, block_q, block_kv
         edge[:, -1] = True
     code = jnp.where(classes == 2, jnp.where(jnp.asarray(edge), PREDICATE_TILE, FULL_TILE),
                      jnp.where(classes == 1, PREDICATE_TILE, _UNLISTED)).astype(jnp.int32)
-    shape = LayoutShape(b, 1, s_q, s_kv, bq, bkv, _width(q_width, "q_width", nk, who),
-                        _width(kv_width, "kv_width", nq, who))
     layout, overflow = _both_ways(code, jnp.zeros((1, bq, bkv), jnp.int8), shape)
     return LayoutBuild(layout, overflow, jnp.bool_(False))
 
@@ -220,12 +230,10 @@ def document_layout(segment_ids, positions=None, *, mask=None, block_q, block_kv
 def _heads_view(x, name, who, lead):
     """x [B, rows, k] or [B, Hm, rows, k] as int32 [B, Hm, rows, k]."""
     a = _as_int32(x, name, who)
-    if a.ndim == 3:
-        a = a[:, None]
-    if a.ndim != 4 or 0 in a.shape:
+    if a.ndim not in (3, 4) or 0 in a.shape:
         raise ValueError(f"{who}: {name} must have shape [batch, {lead}, k] or [batch, heads, {lead}, k] with no "
                          f"empty dim, got {_shape(a)}")
-    return a
+    return a[:, None] if a.ndim == 3 else a
 
 
 def topk_token_layout(indices, *, kv_len, block_q, block_kv, max_tiles=None, kv_width=None):
@@ -239,8 +247,9 @@ def topk_token_layout(indices, *, kv_len, block_q, block_kv, max_tiles=None, kv_
     kv_width   static bound on the q blocks listed per kv block (default NQ).
 
     Every listed tile stores its own int8 mask, scattered from the indices (no deduplication under jit: equal
-    tiles cannot be found without a sort of the tiles). The tile of the entry at flat q-major position e is
-    ``q_tiles[e]``; a tile whose bits are all set is listed as full (-1) and its storage is left unused.
+    tiles cannot be found without a sort of the tiles): the k-th listed block of q row r stores its mask at
+    ``q_tiles[r * max_tiles + k]``, which is also its entry unless kv_width overflowed; a tile whose bits are all
+    set is listed as full (-1) and its storage is left unused.
     ``kv_tiles`` is ``q_tiles`` transposed. Memory of the tiles: 2 * B * Hm * NQ * max_tiles * block_q *
     block_kv bytes -- at the default width as much as the dense mask per side, so give ``max_tiles`` the
     selection's real spread.
@@ -286,6 +295,7 @@ def topk_token_layout(indices, *, kv_len, block_q, block_kv, max_tiles=None, kv_
     slot_code = jnp.where(full, FULL_TILE, jnp.arange(n_slots, dtype=jnp.int32))
     code = jnp.where(kept, slot_code[jnp.minimum(slot_grid, n_slots - 1)], _UNLISTED)
     layout, overflow = _both_ways(code.reshape(b * hm, nq, nk), tiles, shape)
+    overflow = overflow | jnp.any(listed & (rank >= width))  # the tiles dropped above, before the grid
     return LayoutBuild(layout, overflow, out_of_range | repeated)
 
 

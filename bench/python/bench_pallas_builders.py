@@ -21,7 +21,6 @@ import os
 import numpy as np
 
 import jax
-import jax.numpy as jnp
 
 import seqattn
 from seqattn.pallas import builders as B

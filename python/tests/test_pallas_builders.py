@@ -71,6 +71,8 @@ def check_layout(build, want, predicate=None, edge=None):
     assert not bool(build.overflow)
     lay = host(build)
     L.validate(lay)
+    for prefix in ("q", "kv"):  # the device's fetch indices are the host rule's
+        np.testing.assert_array_equal(getattr(lay, f"{prefix}_fetch"), L.fetch_indices(getattr(lay, f"{prefix}_tile")))
     np.testing.assert_array_equal(L.dense_from_layout(lay, predicate=predicate), want)
     np.testing.assert_array_equal(dense_from_kv_lists(lay, predicate=predicate), want)
     ref = L.layout_from_dense(want, block_q=lay.shape.block_q, block_kv=lay.shape.block_kv)
@@ -157,7 +159,8 @@ def test_document_layout_self_attention(rng, mask, blocks, with_positions):
 
 
 @pytest.mark.parametrize("mask", [seqattn.CausalMask(), seqattn.SlidingWindowMask(2, 1), None], ids=repr)
-def test_document_layout_cross_attention(rng, mask):
+@pytest.mark.parametrize("with_positions", [False, True])
+def test_document_layout_cross_attention(rng, mask, with_positions):
     """Distinct kv runs (a KV cache per document): ids paired by value, positions line the runs up."""
     b, s_q, s_kv = 2, 19, 30
     q_ids, q_pos = np.zeros((b, s_q), np.int32), np.zeros((b, s_q), np.int32)
@@ -173,9 +176,13 @@ def test_document_layout_cross_attention(rng, mask):
             kv_pos[r, tk:tk + nk_] = np.arange(nk_)
             q_pos[r, tq:tq + nq_] = nk_ - nq_ + np.arange(nq_) if nk_ >= nq_ else np.arange(nq_)
             tq, tk = tq + nq_, tk + nk_ + int(rng.integers(0, 2))
-    build = jb(B.document_layout, segment_ids=q_ids, positions=q_pos, mask=mask, block_q=4, block_kv=6,
-               kv_segment_ids=kv_ids, kv_positions=kv_pos)
-    want = seqattn.to_dense(seqattn.DocumentMask(q_ids, q_pos, mask, kv_segment_ids=kv_ids, kv_segment_pos=kv_pos))
+    if not with_positions:  # local coordinates are then the offsets in the runs, and so are the kernel's
+        q_pos, kv_pos = np_run_positions(q_ids), np_run_positions(kv_ids)
+    given = (q_pos, kv_pos) if with_positions else (None, None)
+    build = jb(B.document_layout, segment_ids=q_ids, positions=given[0], mask=mask, block_q=4, block_kv=6,
+               kv_segment_ids=kv_ids, kv_positions=given[1])
+    want = seqattn.to_dense(seqattn.DocumentMask(q_ids, given[0], mask, kv_segment_ids=kv_ids,
+                                                 kv_segment_pos=given[1]))
     pred = doc_predicate(q_ids, kv_ids, q_pos, kv_pos, mask)
     np.testing.assert_array_equal(want[:, 0], pred)
     check_layout(build, want, pred, edge=lambda qb, kb: qb == 4)  # 19 = 4 * 4 + 3; 30 = 5 * 6: kv blocks whole

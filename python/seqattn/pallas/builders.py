@@ -17,7 +17,10 @@ widths static) and two traced bool scalars:
   invalid   the input holds values the C++ mask rejects (named per builder). Those values are ignored.
 
 Under ``jit`` neither can raise; check them on the host (``bool(build.overflow)``), or turn them into a checked
-error inside ``jax.experimental.checkify`` with ``checked(build)``.
+error inside ``jax.experimental.checkify`` with ``checked(build)``. ``run_positions`` gives the positions the
+kernel's predicate needs for a document layout built without positions.
+
+Importing this module imports JAX (``seqattn.pallas`` itself does not).
 
 The shared step: a grid ``code [rows, blocks]`` holding, per (row, block), the entry's tile code or
 ``_UNLISTED``; a cumulative sum over blocks gives each listed block its rank in its row, and one scatter puts it
@@ -33,7 +36,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 

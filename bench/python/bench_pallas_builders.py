@@ -4,7 +4,8 @@ Cases (new input values every call, one compilation each; best of --repeat after
   documents   16 documents of random lengths in one row of 8k tokens, inner CausalMask, blocks --block
               (partial tiles left to the kernel's predicate: no stored tile)
   DSA         top-k token selections, q_len = kv_len = --dsa-len, k = --topk, blocks --dsa-block:
-                uniform  k keys drawn from the causal past, default width (every kv block may be hit)
+                uniform  k keys drawn from the causal past, default bounds (every kv block may be hit), then with
+                         max_stored_tiles at the causal bound
                 local    k keys drawn from the --local keys before the query, max_tiles the bound that holds
   Kascade     --kascade-heads groups, 8k tokens, --tiles kv blocks selected per q block (blocks --block)
 Reported: ms per call, listed entries (q-major), stored tiles, and the layout's bytes: the int32 lists of both
@@ -92,6 +93,11 @@ def main():
     uniform = [dsa_indices(rng, n, k, None) for _ in range(2)]
     report(f"DSA uniform: t = s = {n}, k = {k}, {db} x {db}, default width {-(-n // db)}",
            jax.jit(lambda i: B.topk_token_layout(i, kv_len=n, block_q=db, block_kv=db)), uniform, args.repeat)
+    nq = -(-n // db)
+    causal = nq * (nq + 1) // 2  # keys from the causal past: q block i meets kv blocks 0..i
+    report(f"DSA uniform: as above, max_stored_tiles {causal} (the causal bound)",
+           jax.jit(lambda i: B.topk_token_layout(i, kv_len=n, block_q=db, block_kv=db, max_stored_tiles=causal)),
+           uniform, args.repeat)
     local = [dsa_indices(rng, n, k, args.local) for _ in range(2)]
     bound = -(-(args.local + db) // db) + 1  # the blocks a q block's keys can span, plus one for misalignment
     report(f"DSA local {args.local}: t = s = {n}, k = {k}, {db} x {db}, max_tiles {bound}",

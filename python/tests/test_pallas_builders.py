@@ -365,6 +365,23 @@ def test_topk_token_layout_overflow_is_flagged_and_checkable(rng):
     err.throw()  # no error
 
 
+def test_topk_token_layout_max_stored_tiles(rng):
+    idx = topk_indices(rng, (2,), 10, 33, 3)
+    want = topk_dense(idx[:, None], 33)
+    listed = len(L.layout_from_dense(want, block_q=4, block_kv=4).q_kv)  # (no dummy entry: tiles are listed)
+    exact = jb(B.topk_token_layout, indices=idx, kv_len=33, block_q=4, block_kv=4, max_stored_tiles=listed)
+    assert np.asarray(exact.layout.q_tiles).shape == (listed, 4, 4)
+    check_layout(exact, want)
+    short = jb(B.topk_token_layout, indices=idx, kv_len=33, block_q=4, block_kv=4, max_stored_tiles=listed - 3)
+    assert bool(short.overflow)
+    lay = host(short)
+    L.validate(lay)
+    got = L.dense_from_layout(lay)
+    assert (got <= want).all() and (got != want).any()
+    np.testing.assert_array_equal(got, dense_from_kv_lists(lay))
+    assert int(lay.q_count.sum()) == listed - 3  # the first tiles in q-major order keep their storage
+
+
 def test_topk_token_layout_jit_traces_once_and_vmaps(rng):
     inputs = [topk_indices(rng, (2,), 11, 30, 4) for _ in range(3)]
     fn = lambda i: B.topk_token_layout(i, kv_len=30, block_q=4, block_kv=8)  # noqa: E731
@@ -388,6 +405,8 @@ def test_topk_token_layout_bad_arguments():
         B.topk_token_layout(np.zeros((1, 5, 3), np.int32), kv_len=0, block_q=4, block_kv=4)
     with pytest.raises(ValueError, match="max_tiles must be a positive int"):
         B.topk_token_layout(np.zeros((1, 5, 3), np.int32), kv_len=8, block_q=4, block_kv=4, max_tiles=-1)
+    with pytest.raises(ValueError, match="max_stored_tiles must be a positive int, got 0"):
+        B.topk_token_layout(np.zeros((1, 5, 3), np.int32), kv_len=8, block_q=4, block_kv=4, max_stored_tiles=0)
 
 
 # --- Kascade: top-k tiles -----------------------------------------------------------------------------------------

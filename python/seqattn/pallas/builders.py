@@ -11,9 +11,10 @@ the kernel, and all shapes depend on static arguments only):
 Each returns a ``LayoutBuild``: the ``BlockLayout`` (its arrays jax arrays; rows at a fixed stride, the row
 widths static) and two traced bool scalars:
 
-  overflow  a row had more blocks than its static width (``q_width`` / ``kv_width`` / ``max_tiles``): the
-            blocks past the width are left out of *both* lists (the layout stays self-consistent and passes
-            ``validate``, but masks too much out). Never set with the default widths.
+  overflow  a row had more blocks than its static width (``q_width`` / ``kv_width`` / ``max_tiles``), or the
+            call more tiles than ``max_stored_tiles``: the blocks past the bound are left out of *both* lists
+            (the layout stays self-consistent and passes ``validate``, but masks too much out). Never set with
+            the default bounds.
   invalid   the input holds values the C++ mask rejects (named per builder). Those values are ignored.
 
 Under ``jit`` neither can raise; check them on the host (``bool(build.overflow)``), or turn them into a checked
@@ -238,23 +239,24 @@ def _heads_view(x, name, who, lead):
     return a[:, None] if a.ndim == 3 else a
 
 
-def topk_token_layout(indices, *, kv_len, block_q, block_kv, max_tiles=None, kv_width=None):
+def topk_token_layout(indices, *, kv_len, block_q, block_kv, max_tiles=None, max_stored_tiles=None, kv_width=None):
     """The BlockLayout of a DSA top-k selection (``seqattn.TopKMask``), built on the device.
 
     indices    int [B, q_len, k] (one set per query, shared by every head, as MaxText) or [B, Hm, q_len, k] (one
                per mask head). -1 = no index (padding).
     kv_len     keys (static). Query q may see key j iff j is among its indices.
     max_tiles  static bound on the kv blocks listed per q block, the q-major width (default min(NK, block_q * k):
-               never overflows). It sizes the stored masks, see below.
+               never overflows).
+    max_stored_tiles  static bound on the listed tiles of the whole call, the number of stored masks (default
+               B * Hm * NQ * max_tiles: never overflows). A selection confined to the causal past with
+               block_q == block_kv, for one, lists at most B * Hm * NQ * (NQ + 1) / 2.
     kv_width   static bound on the q blocks listed per kv block (default NQ).
 
     Every listed tile stores its own int8 mask, scattered from the indices (no deduplication under jit: equal
-    tiles cannot be found without a sort of the tiles): the k-th listed block of q row r stores its mask at
-    ``q_tiles[r * max_tiles + k]``, which is also its entry unless kv_width overflowed; a tile whose bits are all
-    set is listed as full (-1) and its storage is left unused.
-    ``kv_tiles`` is ``q_tiles`` transposed. Memory of the tiles: 2 * B * Hm * NQ * max_tiles * block_q *
-    block_kv bytes -- at the default width as much as the dense mask per side, so give ``max_tiles`` the
-    selection's real spread.
+    tiles cannot be found without a sort of the tiles); the listed tiles take the storage slots in q-major
+    order. A tile whose bits are all set is listed as full (-1) and its slot is left unused. ``kv_tiles`` is
+    ``q_tiles`` transposed. Memory of the tiles: 2 * max_stored_tiles * block_q * block_kv bytes -- with the
+    defaults as much as the dense mask per side, so give the bounds the selection's real spread.
 
     ``invalid``: some index is outside [-1, kv_len), or a query repeats a key (both errors of the C++
     TopKMask); out-of-range indices are ignored, a repeated one counts once. Repeats are found by comparing, per
@@ -271,6 +273,7 @@ def topk_token_layout(indices, *, kv_len, block_q, block_kv, max_tiles=None, kv_
     width = _width(max_tiles, "max_tiles", min(nk, bq * k), who)
     shape = LayoutShape(b, hm, q_len, kv_len, bq, bkv, width, _width(kv_width, "kv_width", nq, who))
     rows = b * hm * nq
+    n_slots = _width(max_stored_tiles, "max_stored_tiles", rows * width, who)
 
     idx = idx.reshape(b * hm, q_len, k)
     valid = (idx >= 0) & (idx < kv_len)
@@ -283,10 +286,10 @@ def topk_token_layout(indices, *, kv_len, block_q, block_kv, max_tiles=None, kv_
     listed = jnp.zeros((rows, nk), jnp.bool_).at[row_or_drop, kb].set(True, mode="drop")
     rank = jnp.cumsum(listed, axis=-1, dtype=jnp.int32) - 1
     kept = listed & (rank < width)
-    # A kept tile's storage is its q-major entry: slot row * width + rank (what _pack puts there).
-    grid_row = lax.broadcasted_iota(jnp.int32, (rows, nk), 0)
-    n_slots = rows * width
-    slot_grid = jnp.where(kept, grid_row * width + rank, n_slots)
+    # Storage slots in q-major order: a tile's rank among all kept tiles of the call.
+    order = (jnp.cumsum(kept.reshape(-1), dtype=jnp.int32) - 1).reshape(rows, nk)
+    stored = kept & (order < n_slots)
+    slot_grid = jnp.where(stored, order, n_slots)
     slot = jnp.where(valid, slot_grid[jnp.minimum(row, rows - 1), kb], n_slots)
     tiles = jnp.zeros((n_slots, bq, bkv), jnp.int8).at[slot, q % bq, jnp.where(valid, idx, 0) % bkv].set(
         1, mode="drop")
@@ -295,9 +298,9 @@ def topk_token_layout(indices, *, kv_len, block_q, block_kv, max_tiles=None, kv_
     repeated = jnp.any(landed != bits)
     full = bits == bq * bkv
     slot_code = jnp.where(full, FULL_TILE, jnp.arange(n_slots, dtype=jnp.int32))
-    code = jnp.where(kept, slot_code[jnp.minimum(slot_grid, n_slots - 1)], _UNLISTED)
+    code = jnp.where(stored, slot_code[jnp.minimum(slot_grid, n_slots - 1)], _UNLISTED)
     layout, overflow = _both_ways(code.reshape(b * hm, nq, nk), tiles, shape)
-    overflow = overflow | jnp.any(listed & (rank >= width))  # the tiles dropped above, before the grid
+    overflow = overflow | jnp.any(listed & ~stored)  # the tiles dropped above, before the grid
     return LayoutBuild(layout, overflow, out_of_range | repeated)
 
 

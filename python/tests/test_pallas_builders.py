@@ -358,7 +358,7 @@ def test_topk_token_layout_overflow_is_flagged_and_checkable(rng):
     f = checkify.checkify(jax.jit(lambda i: B.checked(B.topk_token_layout(i, kv_len=64, block_q=4, block_kv=8,
                                                                             max_tiles=need - 1))))
     err, _ = f(idx)
-    with pytest.raises(checkify.JaxRuntimeError, match="more blocks than its static width"):
+    with pytest.raises(checkify.JaxRuntimeError, match="more blocks than a static bound allows"):
         err.throw()
     g = checkify.checkify(jax.jit(lambda i: B.checked(B.topk_token_layout(i, kv_len=64, block_q=4, block_kv=8))))
     err, _ = g(idx)

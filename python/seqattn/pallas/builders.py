@@ -60,7 +60,8 @@ def checked(build):
     ``jax.experimental.checkify.checkify``; outside it JAX refuses the checks when tracing)."""
     from jax.experimental import checkify
 
-    checkify.check(~build.overflow, "BlockLayout builder: a row lists more blocks than its static width")
+    checkify.check(~build.overflow, "BlockLayout builder: more blocks than a static bound allows (a row's width, "
+                   "or max_stored_tiles)")
     checkify.check(~build.invalid, "BlockLayout builder: the input holds values the C++ mask rejects")
     return build.layout
 
@@ -125,8 +126,9 @@ def _both_ways(code, q_tiles, shape):
     listed = code != _UNLISTED
     q_rank = jnp.cumsum(listed, axis=2, dtype=jnp.int32) - 1
     kv_rank = jnp.cumsum(listed, axis=1, dtype=jnp.int32) - 1
-    code = jnp.where(listed & (q_rank < shape.q_width) & (kv_rank < shape.kv_width), code, _UNLISTED)
-    overflow = jnp.any(q_rank >= shape.q_width) | jnp.any(kv_rank >= shape.kv_width)
+    keep = listed & (q_rank < shape.q_width) & (kv_rank < shape.kv_width)
+    code = jnp.where(keep, code, _UNLISTED)
+    overflow = jnp.any(listed & ~keep)
     q = _pack(code.reshape(bh * nq, nk), shape.q_width)
     kv = _pack(code.transpose(0, 2, 1).reshape(bh * nk, nq), shape.kv_width)
     layout = BlockLayout(*q[:5], q_tiles, *kv[:5], q_tiles.transpose(0, 2, 1), shape)
@@ -190,13 +192,15 @@ def document_layout(segment_ids, positions=None, *, mask=None, block_q, block_kv
         inner: full; causal q_pos >= kv_pos; window q_pos - left <= kv_pos <= q_pos + right (-1: unbounded)
 
     with ids past S taken as 0 and, without positions, q_pos / kv_pos = ``run_positions(ids)``. These three
-    inner masks are the ones that depend on q_pos - kv_pos alone, which is what makes a global predicate equal
-    the mask in local coordinates; ChunkedCausalMask and PrefixLMMask need each run's start (ValueError), as
-    does bottom-right alignment between distinct q and kv runs, and a PerHeadMask needs a predicate per head
-    (both ValueError). Note the ``!= 0``: a partial tile may hold padding pairs, which the C++ masks out.
+    inner masks depend on q_pos - kv_pos alone, which is what lets one predicate over the whole row equal the
+    mask in each document's local coordinates. Refused (ValueError): ChunkedCausalMask and PrefixLMMask (they
+    need each run's start), bottom-right alignment between distinct q and kv runs (it needs the runs' ends;
+    for self-attention it equals top-left and is accepted), and a PerHeadMask (a predicate per head). Note the
+    ``!= 0``: a partial tile may hold padding pairs, which the C++ masks out, so the kernel must too.
 
-    ``invalid`` is always False (ids the C++ rejects cannot be detected under jit; their layout is
-    unspecified, as ``block_classes`` says). Cost: ``block_classes`` (O(S + #tiles)) plus O(#tiles).
+    ``invalid`` is always False: ids or positions the C++ rejects (an id in two runs, positions that do not
+    count up by one in a run) cannot be detected under jit, and their layout is unspecified, as
+    ``block_classes`` says. Cost: ``block_classes`` (O(S + #tiles)) plus O(#tiles).
     """
     who = "document_layout"
     bq, bkv = _positive_int(block_q, "block_q", who), _positive_int(block_kv, "block_kv", who)
@@ -363,7 +367,8 @@ def topk_tile_layout(tile_indices, *, q_len, kv_len, block_q, block_kv, q_width=
                   group) the selected kv blocks, in any order; -1 = none. The anchor's top-k, reused as it is.
     q_len, kv_len static; q_len <= kv_len: the queries are the last q_len of kv_len positions (a prefill from
                   scratch has kv_len == q_len; an extension sits after a cached prefix).
-    q_width, kv_width  static bounds on the lists (defaults: the exact maximum for k, and NQ; never overflow).
+    q_width, kv_width  static bounds on the lists (defaults: the most k selections can list, and NQ; never
+                  overflow).
 
     The rule, Kascade's reuse key set (paper / ``scenarios/kascade.hpp``, spec §C.1) with the q tile = the q
     block and the selection at kv-block granularity: query i of q block t, at position p = kv_len - q_len + i,

@@ -105,8 +105,6 @@ SEQATTN_AMX_TARGET inline void block(const char* a, std::size_t a_stride, std::s
   if constexpr (kA == 2 && kB == 2) _tile_stored(3, c + c_row_next + c_col_next, c_stride);
 }
 
-// C[a_rows][b_cols] (+)= A[a_rows][steps * 32 bf16] . B[steps * 16 pair-rows][b_cols pairs]; a_rows and b_cols
-// multiples of 16. A row i at a + i * a_stride; B pair-row r at b + r * b_stride; C row i at c + i * c_stride.
 SEQATTN_AMX_TARGET inline void matmul(const void* a, std::size_t a_stride, index_t a_rows, const void* b,
                                       std::size_t b_stride, index_t b_cols, index_t steps, void* c,
                                       std::size_t c_stride, bool accumulate) {
@@ -140,6 +138,14 @@ SEQATTN_AMX_TARGET inline void matmul(const void* a, std::size_t a_stride, index
 
 }  // namespace detail
 
+// C[a_rows][b_cols] (+)= A[a_rows][steps * 32 bf16] . B[steps * 16 pair-rows][b_cols pairs] (C fp32, overwritten
+// unless `accumulate`); a_rows and b_cols multiples of 16. A row i at a + i * a_stride bytes, B pair-row r at
+// b + r * b_stride, C row i at c + i * c_stride.
+inline void matmul(const void* a, std::size_t a_stride, index_t a_rows, const void* b, std::size_t b_stride,
+                   index_t b_cols, index_t steps, void* c, std::size_t c_stride, bool accumulate) {
+  detail::matmul(a, a_stride, a_rows, b, b_stride, b_cols, steps, c, c_stride, accumulate);
+}
+
 // CPUID (leaf 7: AMX-TILE EDX bit 24, AMX-BF16 EDX bit 22) and the kernel's
 // permission for this process, asked once.
 inline bool available() {
@@ -157,19 +163,21 @@ inline bool available() {
 // (d pairs) of `qt2_stride` bytes, `queries` (a multiple of 16) lanes; St rows st_stride bytes apart. Unscaled.
 inline void key_query_scores(const std::uint16_t* k, std::size_t k_stride, index_t keys, const std::uint32_t* qt2,
                              std::size_t qt2_stride, index_t queries, index_t dk, float* st, std::size_t st_stride) {
-  detail::matmul(k, k_stride, keys, qt2, qt2_stride, queries, dk / 32, st, st_stride, false);
+  matmul(k, k_stride, keys, qt2, qt2_stride, queries, dk / 32, st, st_stride, false);
 }
 
 // O[query][e] += P[query][key] . Vp[key/2][e]: P bf16 rows of pq_stride bytes, `keys` a multiple of 32 (zero
 // beyond the tile's keys), Vp pair-rows of vp_stride bytes, dvp a multiple of 16; O rows o_stride bytes apart.
 inline void accumulate_pv(const std::uint16_t* pq, std::size_t pq_stride, index_t queries, index_t keys,
                           const std::uint32_t* vp, std::size_t vp_stride, index_t dvp, float* o, std::size_t o_stride) {
-  detail::matmul(pq, pq_stride, queries, vp, vp_stride, dvp, keys / 32, o, o_stride, true);
+  matmul(pq, pq_stride, queries, vp, vp_stride, dvp, keys / 32, o, o_stride, true);
 }
 
 #else
 
 inline bool available() { return false; }
+inline void matmul(const void*, std::size_t, index_t, const void*, std::size_t, index_t, index_t, void*, std::size_t,
+                   bool) {}
 inline void key_query_scores(const std::uint16_t*, std::size_t, index_t, const std::uint32_t*, std::size_t, index_t,
                              index_t, float*, std::size_t) {}
 inline void accumulate_pv(const std::uint16_t*, std::size_t, index_t, index_t, const std::uint32_t*, std::size_t,

@@ -558,6 +558,17 @@ struct Bf16DotKernel {
     return s;
   }
 
+  // The backward has no probe of its own: AMX where forced, or where the
+  // forward's probe found it the fastest bf16 arithmetic.
+  static bool backward_on_amx() {
+    if (!amx::available()) return false;
+    const Bf16DotPath path = bf16_dot_path();
+    if (path == Bf16DotPath::amx) return true;
+    if (path != Bf16DotPath::automatic) return false;
+    const ProbeSeconds& s = probed();
+    return s.amx < s.widen && s.amx <= s.pairs;
+  }
+
   // ---- Which arithmetic runs a task (asked by the engine's run_task) ----------
   // Widen for tasks with few rows (decode: memory-bound) or K rows not
   // contiguous along the head dim; pairs and AMX where the task's rows fit
@@ -754,6 +765,7 @@ struct Bf16DotTask<::seqattn::HWY_NAMESPACE::FlashKernel> {
   static Bf16Tiles choose(const Call& c, index_t task) {
     return Kernel::choose_tiles(c, task);
   }
+  static bool backward_on_amx() { return Kernel::backward_on_amx(); }
 };
 }  // namespace seqattn::detail
 HWY_AFTER_NAMESPACE();

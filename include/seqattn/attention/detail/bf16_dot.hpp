@@ -100,6 +100,8 @@ struct Bf16DotTask {
   static Bf16Tiles choose(const Call&, index_t) {
     return Bf16Tiles::widen;
   }
+  // Whether the bf16 backward's matmuls go to AMX tiles (tiled_backward.hpp).
+  static bool backward_on_amx() { return false; }
 };
 
 }  // namespace detail

@@ -26,14 +26,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
+#include "seqattn/attention/detail/bf16_dot.hpp"
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/detail/tiled_forward.hpp"
 #include "seqattn/attention/detail/tiled_work.hpp"
 #include "seqattn/attention/variants.hpp"
+#include "seqattn/backends/amx.hpp"
+#include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/longest_first.hpp"
 #include "seqattn/masks/block_mask.hpp"
 
@@ -178,11 +183,30 @@ TiledBackwardWork plan_tiled_backward(const AttentionShape& shape, const BlockMa
 // for contiguous fp32) without a transpose per visit; K^T and V^T are built
 // once per kv-tile. dQ += dS K takes dS^T, one tile transpose per visit.
 
+// The bf16 operands of the key pass on AMX tiles (amx_key_block); B
+// operands hold bf16 pairs in 32-bit words, A operands bf16 rows.
+struct AmxBackwardScratch {
+  AlignedFloats k_by_d, v_by_d, k_by_key, q_rows, do_rows, p_t, ds_t, ds, do_by_q, q_by_q, dq;
+  AmxBackwardScratch(index_t kBq, index_t kBkv, index_t dk, index_t dv)
+      : k_by_d(dk / 2 * kBkv),
+        v_by_d(dv / 2 * kBkv),
+        k_by_key(kBkv / 2 * dk),
+        q_rows(kBq * dk / 2),
+        do_rows(kBq * dv / 2),
+        p_t(kBkv * kBq / 2),
+        ds_t(kBkv * kBq / 2),
+        ds(kBq * kBkv / 2),
+        do_by_q(kBq / 2 * dv),
+        q_by_q(kBq / 2 * dk),
+        dq(kBq * dk) {}
+};
+
 template <class Kernel>
 struct BackwardScratch {
   static constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
   AlignedFloats kt, vt, q_rows, do_rows, k_rows, v_rows, s, raw, dp, ds_t, acc_k, acc_v, lse, delta, ones;
   std::vector<index_t> row_q, row_head;
+  std::unique_ptr<AmxBackwardScratch> amx;  // where the key pass runs on AMX
 
   BackwardScratch(index_t dk, index_t dkp, index_t dv, index_t dvp)
       : kt(dk * kBq),
@@ -295,6 +319,7 @@ struct BackwardCall {
   const std::vector<float>& delta;
   DqCopies& dq;
   float scale = 1.0f;
+  bool on_amx = false;
 };
 
 // dst[key * kBq + q] = ds[q * kBq + key] for q < n, key < cols: dS^T with the
@@ -304,6 +329,182 @@ void transpose_tile(const float* ds, index_t n, index_t cols, float* dst) {
   for (index_t q = 0; q < n; ++q) {
     for (index_t key = 0; key < cols; ++key) dst[key * kBq + q] = ds[q * kBq + key];
   }
+}
+
+// This copy's dQ rows of one visited q-tile, zeroed when first touched.
+template <class T, class V>
+float* dq_rows(const BackwardCall<T, V>& c, const KeyTask& task, index_t b, index_t h, index_t q_len, index_t q0,
+               index_t n, std::int32_t q_block) {
+  const TiledBackwardWork& w = c.w;
+  float* dq = c.dq.at(task.copy, w.row_base[static_cast<std::size_t>(b)] + h * q_len + q0);
+  std::uint8_t& touched = c.dq.flag(task.copy, w.q_block_slot(b, h, q_block));
+  if (!touched) {
+    std::fill_n(dq, n * w.dkp, 0.0f);
+    touched = 1;
+  }
+  return dq;
+}
+
+// ---- The bf16 key pass on AMX tiles (backends/amx.hpp) ---------------------------
+//
+// The same five products with bf16 operands and fp32 accumulation, where the
+// backend puts the bf16 backward on AMX (Bf16DotTask::backward_on_amx), dk
+// and dv are multiples of 32, rows are contiguous along the head dim, and
+// every input is finite (checked once per call: a hidden non-finite value
+// would meet a zero weight inside a tile product, which AMX does not skip).
+// P and dS are rounded to bf16 (nearest even) before the products that take
+// them, as FlashAttention does on tensor cores.
+//   S  = Q K^T     A: Q rows               B: K as pairs along d     [d/2][key]
+//   dP = dO V^T    A: dO rows              B: V as pairs along d     [e/2][key]
+//   dV += P^T dO   A: P^T [key][query]     B: dO as pairs along q    [q/2][e]
+//   dK += dS^T Q   A: dS^T [key][query]    B: Q as pairs along q     [q/2][d]
+//   dQ += dS K     A: dS [query][key]      B: K as pairs along keys  [key/2][d]
+// K and V operands are packed once per kv-tile, the others once per visit.
+namespace amx_pack {
+
+inline std::uint16_t bits(const bfloat16* p) {
+  std::uint16_t b;
+  std::memcpy(&b, p, sizeof(b));
+  return b;
+}
+inline std::uint16_t round(float x) {  // to bf16, nearest even (finite x)
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+inline index_t up(index_t n, index_t m) { return (n + m - 1) / m * m; }
+
+// out[i * stride + j] = (R_j[2i], R_j[2i+1]) for i < d/2, j < n; zero for j in [n, n_pad).
+template <class Row>
+void pairs_along_d(const Row& row, index_t n, index_t n_pad, index_t d, std::uint32_t* out, index_t stride) {
+  for (index_t j = 0; j < n; ++j) {
+    const bfloat16* r = row(j);
+    for (index_t i = 0; i < d / 2; ++i) {
+      out[i * stride + j] = static_cast<std::uint32_t>(bits(r + 2 * i)) | (std::uint32_t{bits(r + 2 * i + 1)} << 16);
+    }
+  }
+  for (index_t i = 0; i < d / 2; ++i) std::fill(out + i * stride + n, out + i * stride + n_pad, 0u);
+}
+
+// out[jj * d + e] = (R_2jj[e], R_2jj+1[e]) for jj < n_pad / 2, rows past n zero.
+template <class Row>
+void pairs_along_rows(const Row& row, index_t n, index_t n_pad, index_t d, std::uint32_t* out) {
+  for (index_t jj = 0; 2 * jj < n_pad; ++jj) {
+    const bfloat16* r0 = 2 * jj < n ? row(2 * jj) : nullptr;
+    const bfloat16* r1 = 2 * jj + 1 < n ? row(2 * jj + 1) : nullptr;
+    for (index_t e = 0; e < d; ++e) {
+      const std::uint32_t lo = r0 ? bits(r0 + e) : 0u, hi = r1 ? bits(r1 + e) : 0u;
+      out[jj * d + e] = lo | (hi << 16);
+    }
+  }
+}
+
+// out[r * d + e] = R_r[e]; rows [n, n_pad) zero.
+template <class Row>
+void rows(const Row& row, index_t n, index_t n_pad, index_t d, std::uint16_t* out) {
+  for (index_t r = 0; r < n; ++r) std::memcpy(out + r * d, row(r), static_cast<std::size_t>(d) * sizeof(std::uint16_t));
+  std::fill(out + n * d, out + n_pad * d, std::uint16_t{0});
+}
+
+// out[j * len + i] = bf16(src[i * src_stride + j]) for j < cols, i < n; zero for i in [n, len) and rows
+// [cols, cols_pad).
+inline void transposed(const float* src, index_t src_stride, index_t n, index_t cols, index_t len, index_t cols_pad,
+                       std::uint16_t* out) {
+  for (index_t j = 0; j < cols; ++j) {
+    for (index_t i = 0; i < n; ++i) out[j * len + i] = round(src[i * src_stride + j]);
+    std::fill(out + j * len + n, out + (j + 1) * len, std::uint16_t{0});
+  }
+  std::fill(out + cols * len, out + cols_pad * len, std::uint16_t{0});
+}
+
+// out[i * len + j] = bf16(src[i * src_stride + j]) for i < n, j < cols; zero for j in [cols, len), rows [n, n_pad).
+inline void rounded(const float* src, index_t src_stride, index_t n, index_t cols, index_t len, index_t n_pad,
+                    std::uint16_t* out) {
+  for (index_t i = 0; i < n; ++i) {
+    for (index_t j = 0; j < cols; ++j) out[i * len + j] = round(src[i * src_stride + j]);
+    std::fill(out + i * len + cols, out + (i + 1) * len, std::uint16_t{0});
+  }
+  std::fill(out + n * len, out + n_pad * len, std::uint16_t{0});
+}
+
+}  // namespace amx_pack
+
+template <class Kernel, class V>
+void amx_key_block(const BackwardCall<bfloat16, V>& c, const KeyTask& task, const KeyBlock& block,
+                   BackwardScratch<Kernel>& sc) {
+  constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
+  using amx_pack::up;
+  const AttentionProblem<bfloat16>& p = c.bp.fwd;
+  const TiledBackwardWork& w = c.w;
+  AmxBackwardScratch& ax = *sc.amx;
+  const SequenceGeometry& seq = p.sequence(task.sequence);
+  const index_t b = task.sequence, kv0 = block.kv_block * kBkv, cols = std::min(kBkv, seq.kv_len - kv0);
+  const index_t cols_p = Kernel::padded_rows(cols), cols16 = up(cols, 16), cols32 = up(cols, 32);
+  const index_t dk = p.dk, dv = p.dv;
+  const auto k_row = [&](index_t j) { return p.k_row(seq, kv0 + j, task.kv_head); };
+  const auto v_row = [&](index_t j) { return p.v_row(seq, kv0 + j, task.kv_head); };
+  auto* k_by_d = reinterpret_cast<std::uint32_t*>(ax.k_by_d.get());
+  auto* v_by_d = reinterpret_cast<std::uint32_t*>(ax.v_by_d.get());
+  auto* k_by_key = reinterpret_cast<std::uint32_t*>(ax.k_by_key.get());
+  amx_pack::pairs_along_d(k_row, cols, cols16, dk, k_by_d, kBkv);
+  amx_pack::pairs_along_d(v_row, cols, cols16, dv, v_by_d, kBkv);
+  amx_pack::pairs_along_rows(k_row, cols, cols32, dk, k_by_key);
+  std::fill_n(sc.acc_k.get(), cols16 * dk, 0.0f);
+  std::fill_n(sc.acc_v.get(), cols16 * dv, 0.0f);
+  auto* q_rows = reinterpret_cast<std::uint16_t*>(ax.q_rows.get());
+  auto* do_rows = reinterpret_cast<std::uint16_t*>(ax.do_rows.get());
+  auto* p_t = reinterpret_cast<std::uint16_t*>(ax.p_t.get());
+  auto* ds_t = reinterpret_cast<std::uint16_t*>(ax.ds_t.get());
+  auto* ds = reinterpret_cast<std::uint16_t*>(ax.ds.get());
+  auto* do_by_q = reinterpret_cast<std::uint32_t*>(ax.do_by_q.get());
+  auto* q_by_q = reinterpret_cast<std::uint32_t*>(ax.q_by_q.get());
+  constexpr std::size_t kF = sizeof(float), kH = sizeof(std::uint16_t);
+  for (std::size_t i = block.refs_begin; i < block.refs_end; ++i) {
+    const QTileRef ref = w.q_refs[i];
+    const index_t h = ref.head, q0 = index_t{ref.q_block} * kBq, n = std::min(kBq, seq.q_len - q0);
+    const index_t n16 = up(n, 16), n32 = up(n, 32);
+    const auto q_row = [&](index_t r) { return p.q_row(seq, q0 + r, h); };
+    const auto do_row = [&](index_t r) { return c.bp.dout.row(b, q0 + r, h); };
+    amx_pack::rows(q_row, n, n16, dk, q_rows);
+    amx_pack::rows(do_row, n, n16, dv, do_rows);
+    for (index_t r = 0; r < n; ++r) {
+      sc.row_q[static_cast<std::size_t>(r)] = q0 + r;
+      sc.row_head[static_cast<std::size_t>(r)] = h;
+    }
+    load_row_stats(c.bp, w, c.delta, b, h, q0, n, n, sc.lse.get(), sc.delta.get());
+    const ScoreTile t{sc.s.get(),         kBq, cols, cols_p,    n,          sc.row_q.data(),
+                      sc.row_head.data(), b,   kv0,  seq.q_len, seq.kv_len, true};
+    amx::matmul(q_rows, dk * kH, n16, k_by_d, kBkv * kF, cols16, dk / 32, t.scores, kBq * kF, false);  // S[q][key]
+    for (index_t r = 0; r < n; ++r) {
+      for (index_t j = 0; j < cols_p; ++j) t.scores[r * kBq + j] *= c.scale;
+    }
+    if constexpr (HasScoreHook<V>) std::copy_n(t.scores, n * kBq, sc.raw.get());
+    transform_scores<Kernel>(c.variant, t);
+    const auto* bits =
+        ref.tile_id >= 0 ? reinterpret_cast<const std::uint8_t*>(c.bm.tile_bits(ref.tile_id).data()) : nullptr;
+    mask_tile<Kernel>(t, c.bm, ref.tile_id, bits, c.bm.words_per_row() * 8, q0);
+    amx::matmul(do_rows, dv * kH, n16, v_by_d, kBkv * kF, cols16, dv / 32, sc.dp.get(), kBq * kF, false);  // dP
+    Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, cols_p, sc.lse.get(), sc.delta.get());
+    apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
+    amx_pack::transposed(t.scores, kBq, n, cols, n32, cols16, p_t);
+    amx_pack::transposed(sc.dp.get(), kBq, n, cols, n32, cols16, ds_t);
+    amx_pack::pairs_along_rows(do_row, n, n32, dv, do_by_q);
+    amx_pack::pairs_along_rows(q_row, n, n32, dk, q_by_q);
+    amx::matmul(p_t, n32 * kH, cols16, do_by_q, dv * kF, dv, n32 / 32, sc.acc_v.get(), dv * kF, true);
+    amx::matmul(ds_t, n32 * kH, cols16, q_by_q, dk * kF, dk, n32 / 32, sc.acc_k.get(), dk * kF, true);
+    amx_pack::rounded(sc.dp.get(), kBq, n, cols, cols32, n16, ds);
+    float* dq = dq_rows(c, task, b, h, seq.q_len, q0, n, ref.q_block);
+    // Whole 16-row blocks only: rows past n belong to other tasks' tiles.
+    float* target = n == n16 ? dq : ax.dq.get();
+    if (target != dq) {
+      std::copy_n(dq, n * dk, target);
+      std::fill(target + n * dk, target + n16 * dk, 0.0f);
+    }
+    amx::matmul(ds, cols32 * kH, n16, k_by_key, dk * kF, dk, cols32 / 32, target, dk * kF, true);
+    if (target != dq) std::copy_n(target, n * dk, dq);
+  }
+  store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, dk, dk, c.scale);
+  store_rows(c.bp.dv, b, kv0, task.kv_head, sc.acc_v.get(), cols, dv, dv, 1.0f);
 }
 
 // One kv-tile of a key task: dK and dV of its keys, and its share of dQ for
@@ -322,6 +523,9 @@ void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock&
     store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, p.dk, w.dkp, 1.0f);
     store_rows(c.bp.dv, b, kv0, task.kv_head, sc.acc_v.get(), cols, p.dv, w.dvp, 1.0f);
     return;
+  }
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (c.on_amx) return amx_key_block(c, task, block, sc);
   }
   const RowsView k = rows_of<Kernel, const T>([&](index_t j) { return p.k_row(seq, kv0 + j, task.kv_head); }, cols,
                                               p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, sc.k_rows.get());
@@ -359,12 +563,7 @@ void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock&
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
     Kernel::accumulate_pv(t.scores, cols, n, d_o.rows, d_o.stride, w.dvp, sc.ones.get(), sc.acc_v.get());
     Kernel::accumulate_pv(sc.dp.get(), cols, n, q.rows, q.stride, w.dkp, sc.ones.get(), sc.acc_k.get());
-    float* dq = c.dq.at(task.copy, w.row_base[static_cast<std::size_t>(b)] + h * seq.q_len + q0);
-    std::uint8_t& touched = c.dq.flag(task.copy, w.q_block_slot(b, h, ref.q_block));
-    if (!touched) {
-      std::fill_n(dq, n * w.dkp, 0.0f);
-      touched = 1;
-    }
+    float* dq = dq_rows(c, task, b, h, seq.q_len, q0, n, ref.q_block);
     transpose_tile<kBq>(sc.dp.get(), n, cols, sc.ds_t.get());
     Kernel::accumulate_pv(sc.ds_t.get(), n, cols, k.rows, k.stride, w.dkp, sc.ones.get(), dq);
   }
@@ -426,6 +625,50 @@ void backward_rows(const BackwardProblem<T>& bp, const TiledBackwardWork& w, con
   }
 }
 
+// Whether every element of q, k, v and dO is finite (bf16 bits: exponent not all ones).
+inline bool all_finite(const bfloat16* row, index_t n, index_t stride) {
+  for (index_t e = 0; e < n; ++e) {
+    if ((amx_pack::bits(row + e * stride) & 0x7F80u) == 0x7F80u) return false;
+  }
+  return true;
+}
+inline bool inputs_finite(const BackwardProblem<bfloat16>& bp) {
+  const AttentionProblem<bfloat16>& p = bp.fwd;
+  for (index_t b = 0; b < p.batch(); ++b) {
+    const SequenceGeometry& seq = p.sequence(b);
+    for (index_t i = 0; i < seq.q_len; ++i) {
+      for (index_t h = 0; h < p.heads; ++h) {
+        if (!all_finite(p.q_row(seq, i, h), p.dk, p.q_strides.dim) ||
+            !all_finite(bp.dout.row(b, i, h), p.dv, bp.dout.strides.dim)) {
+          return false;
+        }
+      }
+    }
+    for (index_t j = 0; j < seq.kv_len; ++j) {
+      for (index_t h = 0; h < p.kv_heads; ++h) {
+        if (!all_finite(p.k_row(seq, j, h), p.dk, p.k_strides.dim) ||
+            !all_finite(p.v_row(seq, j, h), p.dv, p.v_strides.dim)) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// Whether this call's key pass runs on AMX tiles (amx_key_block, conditions above it).
+template <class Kernel, class T>
+bool backward_on_amx(const BackwardProblem<T>& bp, const TiledBackwardWork& w) {
+  if constexpr (!std::is_same_v<T, bfloat16> || Kernel::kBlockQ % 32 != 0 || Kernel::kBlockKv % 32 != 0) {
+    return false;
+  } else {
+    const AttentionProblem<T>& p = bp.fwd;
+    if (p.dk % 32 != 0 || p.dv % 32 != 0 || w.dkp != p.dk || w.dvp != p.dv) return false;
+    if (p.q_strides.dim != 1 || p.k_strides.dim != 1 || p.v_strides.dim != 1 || bp.dout.strides.dim != 1) return false;
+    return Bf16DotTask<Kernel>::backward_on_amx() && inputs_finite(bp);
+  }
+}
+
 template <class Kernel, class T, class V, class Exec>
 void run_tiled_backward(const TiledBackwardWork& w, const BlockMask& bm, const BackwardProblem<T>& bp, const V& variant,
                         Exec& exec) {
@@ -433,14 +676,20 @@ void run_tiled_backward(const TiledBackwardWork& w, const BlockMask& bm, const B
   const int workers = std::max(1, exec.workers());
   std::vector<BackwardScratch<Kernel>> scratch;
   scratch.reserve(static_cast<std::size_t>(workers));
-  for (int i = 0; i < workers; ++i) scratch.emplace_back(p.dk, w.dkp, p.dv, w.dvp);
+  const bool on_amx = backward_on_amx<Kernel>(bp, w);
+  for (int i = 0; i < workers; ++i) {
+    scratch.emplace_back(p.dk, w.dkp, p.dv, w.dvp);
+    if (on_amx)
+      scratch.back().amx = std::make_unique<AmxBackwardScratch>(Kernel::kBlockQ, Kernel::kBlockKv, p.dk, p.dv);
+  }
   std::vector<float> delta(static_cast<std::size_t>(w.total_rows));
   backward_rows(bp, w, variant, delta, exec);
 
   DqCopies dq(w);
-  const BackwardCall<T, V> call{bp, w, bm, variant, delta, dq, variant_scale(variant, p.dk)};
+  const BackwardCall<T, V> call{bp, w, bm, variant, delta, dq, variant_scale(variant, p.dk), on_amx};
   exec.parallel_for(static_cast<index_t>(w.key_order.size()), [&](index_t i, int worker) {
     const KeyTask& task = w.key_tasks[static_cast<std::size_t>(w.key_order[static_cast<std::size_t>(i)])];
+    if (on_amx) bf16_amx_task_count().fetch_add(1, std::memory_order_relaxed);
     for (std::size_t blk = task.blocks_begin; blk < task.blocks_end; ++blk) {
       key_block(call, task, w.key_blocks[blk], scratch[static_cast<std::size_t>(worker)]);
     }

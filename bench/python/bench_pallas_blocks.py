@@ -14,7 +14,7 @@ Metadata:
           the sliding window are Splash mask classes (computed in the kernel: no stored masks); documents,
           multi-item, DSA top-k and Kascade have no Splash class, so their static route is a NumpyMask of the
           dense pattern, whose MaskInfo seqattn builds in C++ from the mask's structure (JAX's Python builder
-          on a 32k dense array would take minutes; the arrays are the same, tests/test_splash.py).
+          on a 32k dense array would take minutes; the arrays are the same, python/tests/test_splash.py).
 
 Workloads (one sequence each; heads, KV heads and head dim from --heads / --kv-heads / --head-dim; blocks
 --block x --block for both kernels; lengths multiples of the block, as Splash requires):

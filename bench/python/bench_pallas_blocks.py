@@ -26,7 +26,9 @@ Workloads (one sequence each; heads, KV heads and head dim from --heads / --kv-h
   window        a 1k window (SlidingWindowMask(1024, 0)) over 16k tokens; second row as above (one segment, the
                 kernel's ``inner=window(1024, 0)``, no ids), with the window's static width bound
   multi-item    sglang-jax packing query ‖ d ‖ item ‖ d ‖ … (query 256 tokens, items of 120-360 tokens, one empty
-                item, the last item stretched so the length is a multiple of the block) at 8k, 16k and 32k tokens
+                item, the last item stretched so the length is a multiple of the block) at 8k, 16k and 32k tokens;
+                then a serving batch of four requests (8k, 5k, 3k, 2k) in one call, padded to 8k, against Splash
+                run request by request (it has no ragged batch; our side pays for the padding)
   DSA           32k tokens, top-2048 keys per query (causal past); the keys are synthetic, not an indexer's:
                 "uniform" draws them from the whole past (the worst case for block sparsity), "local" from the
                 4096 keys before the query
@@ -193,6 +195,20 @@ def main():
             tokens = multi_item_tokens(rng, n, b)
             items = int((tokens == DELIM).sum()) - 1
             compare(f"multi-item {n // 1024}k ({items} items)", seqattn.MultiItemMask(tokens, DELIM), n)
+    if "multi-item" not in skip:
+        # The serving case: a ragged batch of requests in one call, padded to the longest (BSHD, as paged K/V
+        # needs); Splash has no ragged batch, so its side is one call per request on that request alone.
+        lens = [8192, 5120, 3072, 2048]
+        t = time.perf_counter()
+        reqs = [multi_item_tokens(rng, n, b) for n in lens]
+        layout = static_layout(seqattn.MultiItemMask(reqs, DELIM), max(lens), q_lens=lens, block_q=b, block_kv=b)
+        ours = layout_forward_work(layout, **work)
+        theirs = sum((splash_forward_work(splash.mask_info(seqattn.MultiItemMask(r, DELIM), b, b, heads=1),
+                                          block_q=b, block_kv=b, **work) for r in reqs[1:]),
+                     splash_forward_work(splash.mask_info(seqattn.MultiItemMask(reqs[0], DELIM), b, b, heads=1),
+                                         block_q=b, block_kv=b, **work))
+        row(f"multi-item batch of {len(lens)} ({'/'.join(str(n // 1024) + 'k' for n in lens)}), padded", ours,
+            theirs, time.perf_counter() - t)
     if "dsa" not in skip:
         for kind, local in (("uniform", None), ("local 4096", 4096)):
             idx = dsa_indices(rng, s, args.topk, local)

@@ -43,8 +43,9 @@ Guarantees every builder gives (``validate`` checks them; the kernel relies on t
 - Empty tiles are listed nowhere.
 
 Segment-id predicate: when the kernel is given segment ids (and positions), a partial tile's mask is
-``tile bits AND (q_id == kv_id) AND inner(q_pos, kv_pos)`` (bits taken as all ones for -2); full tiles are
-never masked. A builder that lists a tile as full must know it is full under the ids as well.
+``tile bits AND (q_id == kv_id) AND (q_id != 0) AND inner(q_pos, kv_pos)`` (bits taken as all ones for -2): id 0
+is padding and matches nothing, itself included (the engine's DocumentMask). Full tiles are never masked. A builder
+that lists a tile as full must know it is full under the ids as well (no padding id in it).
 """
 
 from __future__ import annotations

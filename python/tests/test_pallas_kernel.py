@@ -188,7 +188,7 @@ def test_random_per_head_mask_with_empty_rows_f32(rng):
 
 
 def test_bf16_gqa_window_softcap_sinks_head_dim_128(rng):
-    b, h, hkv, s, d = 1, 4, 2, 260, 128
+    b, h, hkv, s, d = 1, 4, 2, 200, 128
     qi, ki = np.arange(s)[:, None], np.arange(s)[None, :]
     allowed = np.broadcast_to((ki <= qi) & (ki > qi - 100), (b, 1, s, s))
     layout = layout_from_dense(allowed, block_q=BLOCK, block_kv=BLOCK)
@@ -211,7 +211,7 @@ def test_sinks_on_fully_masked_rows_give_the_sink_as_lse_head_dim_256(rng):
 def test_documents_predicate_only_tiles_gqa(rng, inner="causal"):
     """-2 tiles: the element mask is the segment-id predicate (documents, causal at reset positions) alone. (The
     window over reset positions: test_thd_window_agrees_with_the_cpu_engine.)"""
-    b, h, hkv, s, d = 2, 4, 2, 280, 64
+    b, h, hkv, s, d = 2, 2, 1, 280, 64
     ids, pos = documents(rng, b, s, 4)
     pred = inner_mask(ids, pos, inner)
     layout = as_predicate_only(layout_from_dense(pred[:, None], block_q=BLOCK, block_kv=BLOCK))
@@ -224,7 +224,7 @@ def test_documents_predicate_only_tiles_gqa(rng, inner="causal"):
 def test_stored_bits_and_predicate_compose_with_window(rng):
     """Stored bits AND ids AND a window over token indices (no positions given); q and kv lengths differ; a head
     dim (72) that is no multiple of the lanes."""
-    b, h, sq, skv, d = 1, 2, 200, 300, 72
+    b, h, sq, skv, d = 1, 1, 200, 300, 72
     ids_q, ids_kv = np.ones((b, sq), np.int32), np.ones((b, skv), np.int32)
     ids_q[:, 150:], ids_kv[:, 220:] = 2, 2
     bits = random_mask(rng, b, 1, sq, skv, density=0.8)

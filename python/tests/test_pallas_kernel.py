@@ -15,7 +15,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import seqattn  # noqa: E402
 from seqattn.pallas import dense_from_layout, layout_from_dense, validate  # noqa: E402
-from seqattn.pallas.kernel import flash_attention, grid_steps, window  # noqa: E402
+from seqattn.pallas.kernel import attention, flash_attention, grid_steps, window  # noqa: E402
 from seqattn.pallas.layout import PREDICATE_TILE, BlockLayout, fetch_indices  # noqa: E402
 
 BLOCK = 128
@@ -25,8 +25,9 @@ BLOCK = 128
 # float64 reference
 
 
-def reference(q, k, v, allowed, do, dlse, *, scale=None, softcap=None, sinks=None):
-    """out, lse, dq, dk, dv, dsinks of the engine's semantics in float64. allowed [B, Hm, Sq, Skv]."""
+def reference(q, k, v, allowed, do, dlse, *, scale=None, softcap=None, sinks=None, pv=False):
+    """out, lse, dq, dk, dv, dsinks of the engine's semantics in float64. allowed [B, Hm, Sq, Skv]. ``pv``: also
+    each row's sum_j p_ij |v_j| [B, H, Sq, D] (the bf16 error bound's scale)."""
     q, k, v, do, dlse = (np.asarray(x, np.float64) for x in (q, k, v, do, dlse))
     h, hkv, d = q.shape[1], k.shape[1], q.shape[-1]
     kr, vr = np.repeat(k, h // hkv, axis=1), np.repeat(v, h // hkv, axis=1)
@@ -59,6 +60,8 @@ def reference(q, k, v, allowed, do, dlse, *, scale=None, softcap=None, sinks=Non
     dsinks = None
     if sinks is not None:
         dsinks = -(np.exp(np.asarray(sinks, np.float64)[None, :, None] - lse) * delta).sum((0, 2))
+    if pv:
+        return out, lse, dq, dk, dv, dsinks, np.einsum("bhqk,bhkd->bhqd", p, np.abs(vr))
     return out, lse, dq, dk, dv, dsinks
 
 
@@ -85,26 +88,45 @@ def operands(rng, b, h, hkv, sq, skv, d, dtype=np.float32):
     return cast(q), cast(k), cast(v), cast(do), dlse.astype(np.float32)
 
 
-def check(rng, layout, q, k, v, do, dlse, *, predicate=None, tol=None, **kw):
-    """Kernel vs float64 reference on the layout's dense mask, element by element."""
+BF16_U = 2.0**-8  # bf16's unit roundoff (8 significand bits)
+
+
+def check(rng, layout, q, k, v, do, dlse, *, predicate=None, **kw):
+    """Kernel vs float64 reference on the layout's dense mask (on the same, possibly bf16-rounded, inputs), element
+    by element.
+
+    fp32: 2e-4 (fp32 accumulation over a few hundred keys). bf16 inputs: the kernel multiplies bf16 operands exactly
+    into fp32 and accumulates in fp32, so its logits and LSE are the fp32 kernel's (fp32 tolerance); its rounding
+    steps are p cast to bf16 before ``p @ v`` (at most u = 2^-8 of each p_ij, so u * sum_j p_ij |v_j| per output
+    element) and the output cast (u * |out|): the output bound is u * (sum_j p_ij |v_j| + |out|) per element.
+    Gradients round ds / p to bf16 and read the bf16 output through delta; they compare per head, relative to the
+    head's largest value, within 8u."""
     allowed = dense_from_layout(layout, predicate=predicate)
     out, lse, grads = run(q, k, v, layout, do, dlse, **kw)
     f32 = lambda a: np.asarray(jnp.asarray(a, jnp.float32), np.float64)  # noqa: E731
     ref = reference(f32(q), f32(k), f32(v), allowed, f32(do), dlse, scale=kw.get("scale"), softcap=kw.get("softcap"),
-                    sinks=kw.get("sinks"))
+                    sinks=kw.get("sinks"), pv=True)
     bf16 = q.dtype == jnp.bfloat16
-    tol = tol or (dict(rtol=3e-2, atol=3e-2) if bf16 else dict(rtol=2e-4, atol=2e-4))
+    tol = dict(rtol=2e-4, atol=2e-4)
     lse = np.asarray(lse)
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref[1]))  # fully masked rows: -inf exactly
     finite = np.isfinite(ref[1])
     np.testing.assert_allclose(lse[finite], ref[1][finite], **tol)
-    np.testing.assert_allclose(f32(out), ref[0], **tol)
+    if bf16:
+        bound = BF16_U * (ref[6] + np.abs(ref[0])) + 1e-6
+        err = np.abs(f32(out) - ref[0])
+        assert np.all(err <= bound), f"out: worst error / bound {np.max(err / bound):.3g}"
+    else:
+        np.testing.assert_allclose(f32(out), ref[0], **tol)
     assert np.all(f32(out)[~finite] == 0.0)
-    names = ("dq", "dk", "dv", "dsinks")
-    for name, got, want in zip(names, grads, ref[2:]):
-        scale = max(1.0, np.abs(want).max())  # gradients sum many terms: compare relative to their size
-        np.testing.assert_allclose(f32(got) / scale, want / scale, err_msg=name, **tol)
-    return allowed
+    grad_tol = dict(rtol=8 * BF16_U, atol=8 * BF16_U) if bf16 else tol
+    for name, got, want in zip(("dq", "dk", "dv", "dsinks"), grads, ref[2:6]):
+        # Gradients sum many terms: compare relative to their size, per head (one head's large values must not
+        # hide another's errors).
+        axes = tuple(range(2, want.ndim))
+        scale = np.maximum(1.0, np.abs(want).max(axis=axes, keepdims=True)) if axes else np.maximum(1.0, np.abs(want))
+        np.testing.assert_allclose(f32(got) / scale, want / scale, err_msg=name, **grad_tol)
+    return allowed, out, lse
 
 
 def random_mask(rng, b, hm, sq, skv, density=0.6):
@@ -165,42 +187,44 @@ def test_random_per_head_mask_with_empty_rows_f32(rng):
     check(rng, layout, *operands(rng, b, h, 1, sq, skv, d))
 
 
-def test_causal_mqa_softcap_sinks(rng):
-    b, h, s, d = 1, 4, 200, 128
-    layout = layout_from_dense(causal(b, 1, s, s), block_q=BLOCK, block_kv=BLOCK)
+def test_bf16_gqa_window_softcap_sinks_head_dim_128(rng):
+    b, h, hkv, s, d = 1, 4, 2, 200, 128
+    qi, ki = np.arange(s)[:, None], np.arange(s)[None, :]
+    allowed = np.broadcast_to((ki <= qi) & (ki > qi - 100), (b, 1, s, s))
+    layout = layout_from_dense(allowed, block_q=BLOCK, block_kv=BLOCK)
     sinks = rng.standard_normal(h).astype(np.float32)
-    check(rng, layout, *operands(rng, b, h, 1, s, s, d), softcap=3.0, sinks=sinks, scale=0.2)
+    check(rng, layout, *operands(rng, b, h, hkv, s, s, d, jnp.bfloat16), softcap=3.0, sinks=sinks, scale=0.2)
 
 
-def test_sinks_on_fully_masked_rows_give_the_sink_as_lse(rng):
-    b, h, s, d = 1, 2, 200, 64
+def test_sinks_on_fully_masked_rows_give_the_sink_as_lse_head_dim_256(rng):
+    b, h, s, d = 1, 2, 200, 256
     allowed = causal(b, 1, s, s)
     allowed[:, :, 130:140] = False
     layout = layout_from_dense(allowed, block_q=BLOCK, block_kv=BLOCK)
     sinks = np.array([0.5, -1.0], np.float32)
     q, k, v, do, dlse = operands(rng, b, h, 2, s, s, d)
-    check(rng, layout, q, k, v, do, dlse, sinks=sinks)
-    out, lse = flash_attention(q, k, v, layout, sinks=sinks, return_lse=True, interpret=True)
+    _, out, lse = check(rng, layout, q, k, v, do, dlse, sinks=sinks)
     np.testing.assert_array_equal(np.asarray(lse)[0, :, 135], sinks)
     assert np.all(np.asarray(out)[0, :, 130:140] == 0)
 
 
-@pytest.mark.parametrize("inner", ["causal", window(30, 10)], ids=["causal", "window"])
-def test_documents_predicate_only_tiles_gqa(rng, inner):
-    """-2 tiles: the element mask is the segment-id predicate (documents, inner at reset positions) alone."""
-    b, h, hkv, s, d = 2, 4, 2, 280, 64
+def test_documents_predicate_only_tiles_gqa(rng, inner="causal"):
+    """-2 tiles: the element mask is the segment-id predicate (documents, causal at reset positions) alone. (The
+    window over reset positions: test_thd_window_agrees_with_the_cpu_engine.)"""
+    b, h, hkv, s, d = 2, 2, 1, 280, 64
     ids, pos = documents(rng, b, s, 4)
     pred = inner_mask(ids, pos, inner)
     layout = as_predicate_only(layout_from_dense(pred[:, None], block_q=BLOCK, block_kv=BLOCK))
     assert np.any(np.asarray(layout.q_tile) == PREDICATE_TILE)
-    allowed = check(rng, layout, *operands(rng, b, h, hkv, s, s, d), predicate=pred,
+    allowed, _, _ = check(rng, layout, *operands(rng, b, h, hkv, s, s, d), predicate=pred,
                     segment_ids=(ids, ids), positions=(pos, pos), inner=inner)
     np.testing.assert_array_equal(allowed[:, 0], pred)  # the layout and predicate together are the document mask
 
 
 def test_stored_bits_and_predicate_compose_with_window(rng):
-    """Stored bits AND ids AND a window over token indices (no positions given); q and kv lengths differ."""
-    b, h, sq, skv, d = 1, 2, 200, 300, 64
+    """Stored bits AND ids AND a window over token indices (no positions given); q and kv lengths differ; a head
+    dim (72) that is no multiple of the lanes."""
+    b, h, sq, skv, d = 1, 1, 200, 300, 72
     ids_q, ids_kv = np.ones((b, sq), np.int32), np.ones((b, skv), np.int32)
     ids_q[:, 150:], ids_kv[:, 220:] = 2, 2
     bits = random_mask(rng, b, 1, sq, skv, density=0.8)
@@ -211,34 +235,25 @@ def test_stored_bits_and_predicate_compose_with_window(rng):
           inner=window(40, 90))
 
 
-def test_bf16_gqa_window_head_dim_128(rng):
-    b, h, hkv, s, d = 1, 2, 1, 260, 128
-    qi, ki = np.arange(s)[:, None], np.arange(s)[None, :]
-    allowed = np.broadcast_to((ki <= qi) & (ki > qi - 100), (b, 1, s, s))
-    layout = layout_from_dense(allowed, block_q=BLOCK, block_kv=BLOCK)
-    check(rng, layout, *operands(rng, b, h, hkv, s, s, d, jnp.bfloat16))
-
-
-def test_head_dim_72_f32(rng):
-    b, h, s, d = 1, 2, 140, 72
-    layout = layout_from_dense(causal(b, 1, s, s), block_q=BLOCK, block_kv=BLOCK)
-    check(rng, layout, *operands(rng, b, h, h, s, s, d))
-
-
 def test_paged_kv_with_shuffled_page_table(rng):
-    """K/V in 128-token pages read through a shuffled table; one page belongs to no sequence (its gradient is 0)."""
+    """K/V in 128-token pages read through a shuffled table, a ragged batch: sequence 1 holds 170 of the 300 keys,
+    the rest of its pages are stale (NaN) and must not reach any result; one page belongs to no sequence (its
+    gradient is 0)."""
     b, h, hkv, sq, skv, d = 2, 2, 1, 200, 300, 64
+    kv_lens = [skv, 170]
     per_seq = 3
     n_pages = b * per_seq + 1
     table = rng.permutation(n_pages)[: b * per_seq].reshape(b, per_seq).astype(np.int32)
     unused = np.setdiff1d(np.arange(n_pages), table)
     allowed = causal(b, 1, sq, skv, offset=skv - sq)  # a prefix-extended causal mask
+    allowed[1, :, :, kv_lens[1]:] = False
     layout = layout_from_dense(allowed, block_q=BLOCK, block_kv=BLOCK)
     q, k, v, do, dlse = operands(rng, b, h, hkv, sq, skv, d)
     pad = per_seq * BLOCK - skv
 
-    def to_pages(x):  # [B, Hkv, Skv, D] -> [pages, Hkv, page, D] through the table
+    def to_pages(x):  # [B, Hkv, Skv, D] -> [pages, Hkv, page, D] through the table, stale keys NaN
         x = np.pad(np.asarray(x), ((0, 0), (0, 0), (0, pad), (0, 0)), constant_values=np.nan)
+        x[1, :, kv_lens[1]:] = np.nan
         pages = np.full((n_pages, hkv, BLOCK, d), np.nan, np.float32)
         pages[table.reshape(-1)] = x.reshape(b, hkv, per_seq, BLOCK, d).transpose(0, 2, 1, 3, 4).reshape(-1, hkv,
                                                                                                         BLOCK, d)
@@ -255,7 +270,7 @@ def test_paged_kv_with_shuffled_page_table(rng):
         seq = got[table.reshape(-1)].reshape(b, per_seq, hkv, BLOCK, d).transpose(0, 2, 1, 3, 4)
         seq = seq.reshape(b, hkv, per_seq * BLOCK, d)
         np.testing.assert_allclose(seq[:, :, :skv], want, rtol=2e-4, atol=2e-4)
-        assert np.all(seq[:, :, skv:] == 0)  # keys past the sequence get no gradient
+        assert np.all(seq[:, :, skv:] == 0) and np.all(seq[1, :, kv_lens[1]:] == 0)  # keys past a sequence: none
 
 
 def test_agrees_with_the_cpu_engine(rng):
@@ -268,33 +283,106 @@ def test_agrees_with_the_cpu_engine(rng):
     layout = layout_from_dense(allowed, block_q=BLOCK, block_kv=BLOCK)
     bshd = lambda a: np.ascontiguousarray(np.asarray(a).transpose(0, 2, 1, 3))  # noqa: E731
     mask = seqattn.DenseMask(allowed)
-    for s in (None, sinks):
-        e_out, e_lse = seqattn.attention(bshd(q), bshd(k), bshd(v), mask, softcap=5.0, sinks=s)
-        out, lse = flash_attention(q, k, v, layout, softcap=5.0, sinks=s, return_lse=True, interpret=True)
-        np.testing.assert_allclose(np.asarray(out), bshd(e_out), rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(np.asarray(lse), e_lse, rtol=1e-5, atol=1e-5)
+    e_out, e_lse = seqattn.attention(bshd(q), bshd(k), bshd(v), mask, softcap=5.0, sinks=sinks)
+    out, lse = flash_attention(q, k, v, layout, softcap=5.0, sinks=sinks, return_lse=True, interpret=True)
+    np.testing.assert_allclose(np.asarray(out), bshd(e_out), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lse), e_lse, rtol=1e-5, atol=1e-5)
+    # Without sinks, through the BSHD entry point on BSHD arrays (the engine's layout in and out), with gradients.
     e_out, e_lse = seqattn.attention(bshd(q), bshd(k), bshd(v), mask, softcap=5.0)
     e_dq, e_dk, e_dv = seqattn.attention_backward(bshd(q), bshd(k), bshd(v), e_out, e_lse, bshd(do), mask, softcap=5.0)
-    _, _, (dq, dk, dv) = run(q, k, v, layout, do, np.zeros((b, h, sq), np.float32), softcap=5.0)
-    for got, want in ((dq, e_dq), (dk, e_dk), (dv, e_dv)):
-        np.testing.assert_allclose(np.asarray(got), bshd(want), rtol=1e-4, atol=1e-4)
+
+    def f(q, k, v):
+        return attention(q, k, v, layout, qkv_layout="bshd", softcap=5.0, return_lse=True, interpret=True)
+
+    (out, lse), vjp = jax.vjp(f, *(jnp.asarray(bshd(a)) for a in (q, k, v)))
+    np.testing.assert_allclose(np.asarray(out), e_out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lse), e_lse, rtol=1e-5, atol=1e-5)
+    grads = vjp((jnp.asarray(bshd(do)), jnp.zeros((b, h, sq), jnp.float32)))
+    for name, got, want in zip(("dq", "dk", "dv"), grads, (e_dq, e_dk, e_dv)):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
 def test_predicate_agrees_with_the_cpu_engine_document_mask(rng):
-    """The kernel's segment-id predicate (-2 tiles, causal at positions) means what the engine's document mask
-    (segment_ids, positions and CausalMask) means: same output and LSE."""
+    """The kernel's segment-id predicate (-2 tiles, causal at positions) means what the engine's DocumentMask means,
+    id 0 included: a padding tail (id 0) inside a partial tile attends to nothing, itself included. Same output
+    and LSE."""
     b, h, s, d = 2, 2, 260, 64
     ids, pos = documents(rng, b, s, 3)
-    layout = as_predicate_only(layout_from_dense(inner_mask(ids, pos, "causal")[:, None], block_q=BLOCK,
-                                                 block_kv=BLOCK))
+    ids[:, 230:] = 0  # padding inside the last (partial) tile
+    dense = np.asarray(seqattn.to_dense(seqattn.DocumentMask(ids, pos, seqattn.CausalMask()), s, s), bool)
+    dense = dense.reshape(b, 1, s, s)
+    assert not dense[:, :, 230:].any() and not dense[:, :, :, 230:].any()
+    layout = as_predicate_only(layout_from_dense(dense, block_q=BLOCK, block_kv=BLOCK))
     q, k, v, _, _ = operands(rng, b, h, h, s, s, d)
     bshd = lambda a: np.ascontiguousarray(np.asarray(a).transpose(0, 2, 1, 3))  # noqa: E731
-    e_out, e_lse = seqattn.attention(bshd(q), bshd(k), bshd(v), seqattn.CausalMask(), segment_ids=ids,
-                                     positions=pos)
+    e_out, e_lse = seqattn.attention(bshd(q), bshd(k), bshd(v), seqattn.DocumentMask(ids, pos, seqattn.CausalMask()))
     out, lse = flash_attention(q, k, v, layout, segment_ids=(ids, ids), positions=(pos, pos), inner="causal",
                                return_lse=True, interpret=True)
     np.testing.assert_allclose(np.asarray(out), bshd(e_out), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(lse), e_lse, rtol=1e-5, atol=1e-5)
+    assert np.all(np.asarray(out)[:, :, 230:] == 0) and np.all(np.isneginf(np.asarray(lse)[:, :, 230:]))
+
+
+def test_hidden_garbage_never_reaches_a_result(rng):
+    """The engine's NaN policy: a value the mask hides is never read into a result. Key 5 (in range, inside a
+    partial tile) is hidden from every query and holds NaN in K and V; query 7 sees no key and holds NaN in q and
+    dO. Every output, LSE and gradient must be the reference's on clean inputs (hidden rows get 0 gradient)."""
+    b, h, s, d = 1, 1, 256, 64
+    allowed = causal(b, 1, s, s)
+    allowed[:, :, :, 5] = False
+    allowed[:, :, 7] = False
+    layout = layout_from_dense(allowed, block_q=BLOCK, block_kv=BLOCK)
+    q, k, v, do, dlse = operands(rng, b, h, h, s, s, d)
+    dlse[:, :, 7] = 0.0
+    ref = reference(q, k, v, allowed, do, dlse)
+    dirty = lambda a, i: jnp.asarray(a).at[:, :, i].set(jnp.nan)  # noqa: E731
+    out, lse, (dq, dk, dv) = run(dirty(q, 7), dirty(k, 5), dirty(v, 5), layout, dirty(do, 7), dlse)
+    for name, got, want in (("out", out, ref[0]), ("dq", dq, ref[2]), ("dk", dk, ref[3]), ("dv", dv, ref[4])):
+        got = np.asarray(got)
+        assert not np.isnan(got).any(), f"{name}: NaN in rows {np.unique(np.nonzero(np.isnan(got))[2])}"
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(lse)[:, :, 7], -np.inf)
+    assert np.all(np.asarray(dk)[:, :, 5] == 0) and np.all(np.asarray(dq)[:, :, 7] == 0)
+
+
+def test_thd_window_agrees_with_the_cpu_engine(rng):
+    """Ragged THD through ``attention(qkv_layout="thd", cu_seqlens=...)``: three packed sequences and a padding
+    tail, a sliding window in each sequence's own coordinates, MQA; output, LSE and dQ / dK / dV against the
+    engine on the same THD arrays, element by element."""
+    from seqattn.pallas import static_layout
+
+    t, h, hkv, d = 300, 2, 1, 64
+    cu = np.array([0, 90, 250, 280], np.int32)  # tokens 280.. belong to no sequence
+    mask = seqattn.SlidingWindowMask(40, 0)
+    layout = static_layout(mask, t, cu_seqlens=cu, block_q=BLOCK, block_kv=BLOCK)
+    q, k, v, do = (rng.standard_normal((t, n, d)).astype(np.float32) for n in (h, hkv, hkv, h))
+    e_out, e_lse = seqattn.attention(q, k, v, mask, cu_seqlens=cu)
+    e_dq, e_dk, e_dv = seqattn.attention_backward(q, k, v, e_out, e_lse, do, mask, cu_seqlens=cu)
+
+    def f(q, k, v):
+        return attention(q, k, v, layout, qkv_layout="thd", cu_seqlens=jnp.asarray(cu), inner=window(40, 0),
+                         return_lse=True, interpret=True)
+
+    (out, lse), vjp = jax.vjp(f, *(jnp.asarray(a) for a in (q, k, v)))
+    np.testing.assert_allclose(np.asarray(out), e_out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lse), e_lse, rtol=1e-5, atol=1e-5)
+    for name, got, want in zip(("dq", "dk", "dv"), vjp((jnp.asarray(do), jnp.zeros((h, t), jnp.float32))),
+                               (e_dq, e_dk, e_dv)):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_decode_bottom_right_positions_per_head_masks_mqa(rng):
+    """Decode: 8 queries at the end of 300 keys (q_len < one block), bottom-right causal through positions, and
+    per-head stored bits (head 1 also a 100-key window) over one kv head."""
+    b, h, sq, skv, d = 1, 2, 8, 300, 64
+    q_pos = (skv - sq + np.arange(sq, dtype=np.int32))[None]
+    kv_pos = np.arange(skv, dtype=np.int32)[None]
+    pred = q_pos[:, :, None] >= kv_pos[:, None, :]  # [b, sq, skv]
+    bits = np.ones((b, h, sq, skv), bool)
+    bits[:, 1] = kv_pos[:, None, :] > q_pos[:, :, None] - 100
+    layout = layout_from_dense(bits & pred[:, None], block_q=BLOCK, block_kv=BLOCK)
+    check(rng, layout, *operands(rng, b, h, 1, sq, skv, d), predicate=pred, positions=(q_pos, kv_pos),
+          inner="causal")
 
 
 def test_grid_steps_equal_the_listed_blocks(rng):
@@ -332,7 +420,10 @@ def strided(layout, rng):
             a = np.asarray(getattr(layout, f"{prefix}_{src}"))
             for r in range(start.size):
                 out[name][r * width: r * width + count[r]] = a[start[r]: start[r] + count[r]]
-        fields.update({f"{prefix}_start": (np.arange(start.size) * width).astype(np.int32),
+        strided_start = np.arange(start.size) * width
+        last = np.maximum.accumulate(np.where(count > 0, strided_start + count - 1, -1))
+        before = np.concatenate([[-1], last[:-1]])  # an empty row repeats the last entry listed before it
+        fields.update({f"{prefix}_start": np.where(count > 0, strided_start, np.maximum(before, 0)).astype(np.int32),
                        f"{prefix}_{col}": out["col"].astype(np.int32), f"{prefix}_tile": out["tile"].astype(np.int32),
                        f"{prefix}_fetch": out["fetch"].astype(np.int32)})
     return layout._replace(**fields)
@@ -395,11 +486,22 @@ def test_bad_input_raises_value_error():
         (dict(layout=layout._replace(q_count=layout.q_count[:1])), "layout.q_count"),
         (dict(layout=layout._replace(kv_tiles=layout.q_tiles[:, :64])), "layout.kv_tiles"),
     ]
+    big = jnp.zeros((1, 1, 1024, 256), jnp.float32)
+    full = layout_from_dense(np.ones((1, 1, 1024, 1024), bool), block_q=1024, block_kv=1024)  # no tile to dedup
+    cases.append((dict(q=big, k=big, v=big, layout=full), "block_q=1024, block_kv=1024"))
     for change, message in cases:
         args = dict(q=q, k=kv, v=kv, layout=layout)
         args.update(change)
         with pytest.raises(ValueError, match=message):
             flash_attention(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("layout"), **args)
+    for name in ("scale", "softcap"):  # static floats: a traced one is refused by name
+        with pytest.raises(ValueError, match=f"{name} must be a static Python float"):
+            jax.jit(lambda x: flash_attention(q, kv, kv, layout, interpret=True, **{name: x}))(0.5)
+    bshd = jnp.zeros((1, 256, 2, 64), jnp.float32)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        attention(bshd, bshd, bshd, layout, qkv_layout="bshd", cu_seqlens=[0, 256])
+    with pytest.raises(ValueError, match="qkv_layout must be"):
+        attention(bshd, bshd, bshd, layout, qkv_layout="sbhd")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -408,9 +510,9 @@ def test_bad_input_raises_value_error():
 S_EXPORT = 1024
 
 
-def _export_layout(block_q, block_kv, mask_heads, batch):
-    qi, ki = np.arange(S_EXPORT)[:, None], np.arange(S_EXPORT)[None, :]
-    allowed = np.broadcast_to((ki <= qi) & (ki > qi - 300), (batch, mask_heads, S_EXPORT, S_EXPORT))
+def _export_layout(block_q, block_kv, mask_heads, batch, sq=S_EXPORT, skv=S_EXPORT):
+    qi, ki = np.arange(sq)[:, None] + (skv - sq), np.arange(skv)[None, :]  # bottom-right: decode / extend
+    allowed = np.broadcast_to((ki <= qi) & (ki > qi - 300), (batch, mask_heads, sq, skv))
     layout = layout_from_dense(allowed, block_q=block_q, block_kv=block_kv)
     # Traced layout arrays, as a device-side builder under jit gives them.
     return BlockLayout(*(jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in layout.arrays()),
@@ -428,6 +530,8 @@ EXPORT_CONFIGS = [
     ("float32", 128, 2, 1, (256, 256), ("paged", "ids", "positions", "causal", "softcap", "sinks")),
     ("bfloat16", 256, 2, 2, (512, 512), ("sinks", "per_head")),
     ("float32", 72, 2, 2, (128, 128), ("softcap",)),
+    ("bfloat16", 128, 4, 2, (128, 128), ("ragged", "ids", "positions", "causal")),  # 200 queries x 300 keys
+    ("bfloat16", 128, 4, 1, (128, 256), ("decode", "positions", "causal", "paged")),  # 8 queries x 1024 keys
 ]
 
 
@@ -437,21 +541,23 @@ def test_exports_for_tpu(config):
     dtype, d, h, hkv, (bq, bkv), opts = config
     batch = 2
     dtype = jnp.dtype(dtype)
-    layout = _export_layout(bq, bkv, h if "per_head" in opts else 1, batch)
-    kv_shape = (batch * S_EXPORT // bkv + 3, hkv, bkv, d) if "paged" in opts else (batch, hkv, S_EXPORT, d)
-    ids = jax.ShapeDtypeStruct((batch, S_EXPORT), jnp.int32)
+    sq, skv = (200, 300) if "ragged" in opts else (8, S_EXPORT) if "decode" in opts else (S_EXPORT, S_EXPORT)
+    layout = _export_layout(bq, bkv, h if "per_head" in opts else 1, batch, sq, skv)
+    kv_shape = (batch * -(-skv // bkv) + 3, hkv, bkv, d) if "paged" in opts else (batch, hkv, skv, d)
+    ids_q, ids_kv = jax.ShapeDtypeStruct((batch, sq), jnp.int32), jax.ShapeDtypeStruct((batch, skv), jnp.int32)
     inner = "causal" if "causal" in opts else window(128, 0) if "window" in opts else "full"
 
-    def loss(q, k, v, sinks, layout, ids, pos, table):
+    def loss(q, k, v, sinks, layout, ids_q, ids_kv, pos_q, pos_kv, table):
         out, lse = flash_attention(
             q, k, v, layout, softcap=20.0 if "softcap" in opts else None, sinks=sinks if "sinks" in opts else None,
-            segment_ids=(ids, ids) if "ids" in opts else None, positions=(pos, pos) if "positions" in opts else None,
+            segment_ids=(ids_q, ids_kv) if "ids" in opts else None,
+            positions=(pos_q, pos_kv) if "positions" in opts else None,
             inner=inner, page_table=table if "paged" in opts else None, return_lse=True)
         return jnp.sum(out.astype(jnp.float32)) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
 
-    args = (jax.ShapeDtypeStruct((batch, h, S_EXPORT, d), dtype), jax.ShapeDtypeStruct(kv_shape, dtype),
-            jax.ShapeDtypeStruct(kv_shape, dtype), jax.ShapeDtypeStruct((h,), jnp.float32), layout, ids, ids,
-            jax.ShapeDtypeStruct((batch, S_EXPORT // bkv), jnp.int32))
+    args = (jax.ShapeDtypeStruct((batch, h, sq, d), dtype), jax.ShapeDtypeStruct(kv_shape, dtype),
+            jax.ShapeDtypeStruct(kv_shape, dtype), jax.ShapeDtypeStruct((h,), jnp.float32), layout, ids_q, ids_kv,
+            ids_q, ids_kv, jax.ShapeDtypeStruct((batch, -(-skv // bkv)), jnp.int32))
     exported = jax.export.export(jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))), platforms=["tpu"])(*args)
     text = exported.mlir_module()
     assert exported.platforms == ("tpu",)

@@ -89,6 +89,7 @@ Dense rebuild(const TpuBlockLists& l, index_t batch, index_t heads, index_t rows
 
   Dense out(batch, heads, nr * row_block, nc * col_block);
   index_t max_count = 0;
+  std::int32_t listed_before = -1;  // the last entry of the rows so far
   for (index_t b = 0; b < batch; ++b) {
     for (index_t h = 0; h < heads; ++h) {
       for (index_t rb = 0; rb < nr; ++rb) {
@@ -98,6 +99,9 @@ Dense rebuild(const TpuBlockLists& l, index_t batch, index_t heads, index_t rows
         REQUIRE(start >= 0);
         REQUIRE(static_cast<std::size_t>(start + std::max(count - 1, 0)) < entries);
         max_count = std::max<index_t>(max_count, count);
+        // An empty row repeats the last entry listed before it (no DMA).
+        if (count == 0) CHECK(start == std::max(listed_before, std::int32_t{0}));
+        if (count > 0) listed_before = start + count - 1;
         for (std::int32_t e = start; e < start + count; ++e) {
           const auto i = static_cast<std::size_t>(e);
           const std::int32_t cb = l.block[i], t = l.tile[i];
@@ -350,6 +354,13 @@ TEST_CASE("Tpu::plan: a full tile cut by the sequence's end becomes a partial ti
   CHECK(rag.queries.count == std::vector<std::int32_t>{2, 2, 1, 0});
   CHECK(rag.keys.count == std::vector<std::int32_t>{2, 2, 1, 0});
   CHECK(rag.queries.start.back() == static_cast<std::int32_t>(rag.queries.block.size()) - 1);
+  // A short first sequence: its empty q block repeats its own last entry
+  // (0), not the next sequence's first (1), so it fetches nothing.
+  const TpuLayout mid = Tpu::plan(FullMask{}, TpuSequences::ragged(200, 200, {100, 200}, {100, 200}), 1, {128, 128});
+  CHECK(mid.queries.count == std::vector<std::int32_t>{1, 0, 2, 2});
+  CHECK(mid.queries.start == std::vector<std::int32_t>{0, 0, 1, 3});
+  CHECK(mid.keys.count == std::vector<std::int32_t>{1, 0, 2, 2});
+  CHECK(mid.keys.start == std::vector<std::int32_t>{0, 0, 1, 3});
 }
 
 TEST_CASE("Tpu::plan: a mask that allows nothing lists one dummy entry and one zero tile", "[tpu]") {

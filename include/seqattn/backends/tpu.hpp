@@ -372,19 +372,20 @@ inline backends::TpuBlockLists block_lists(const backends::DeviceMaskLayout& dl,
           }
         }
         out.count.push_back(static_cast<std::int32_t>(out.block.size()) - out.start.back());
+        // An empty row repeats the last entry listed before it: its grid
+        // steps keep the previous block index, so they fetch nothing.
+        if (out.count.back() == 0) out.start.back() = std::max(out.start.back() - 1, std::int32_t{0});
         out.width = std::max<index_t>(out.width, out.count.back());
       }
     }
   }
   // The kernel reads entry start + min(j, max(count - 1, 0)) of every row, an
-  // empty one included: one full dummy entry when nothing is listed anywhere,
-  // and starts past the last entry (empty rows at the end) pulled back onto it.
+  // empty one included: one full dummy entry when nothing is listed anywhere
+  // (every start is then 0).
   if (out.block.empty()) {
     out.block.push_back(0);
     out.tile.push_back(-1);
   }
-  const auto last = static_cast<std::int32_t>(out.block.size()) - 1;
-  for (std::int32_t& s : out.start) s = std::min(s, last);
   // A full entry fetches the partial tile last fetched, so it moves no new tile.
   out.fetch.reserve(out.tile.size());
   std::int32_t fetched = 0;

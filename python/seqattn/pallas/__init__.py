@@ -2,15 +2,16 @@
 
 ``layout`` defines the metadata (``BlockLayout``) and its reference builder; ``static`` builds it for any
 seqattn mask through the C++ TPU policy; ``builders`` builds it under ``jax.jit`` from segment ids and top-k
-selections; ``kernel`` holds the kernels and their entry point ``flash_attention``; ``traffic`` counts the work a
-layout makes a kernel do. The layout works from NumPy alone (with JAX installed it registers itself as a pytree);
-the kernel and builder names load their modules (and JAX) on first use.
+selections; ``kernel`` holds the kernels and their entry points ``flash_attention`` (BHSD) and ``attention``
+(BSHD, ragged THD); ``traffic`` counts the work a layout makes a kernel do. The layout works from NumPy alone
+(with JAX installed it registers itself as a pytree); the kernel and builder names load their modules (and JAX) on first use.
 """
 
 from .layout import BlockLayout, LayoutShape, dense_from_layout, layout_from_dense, validate
 from .static import page_table, static_layout
 
 _LAZY = {
+    "attention": "kernel",
     "flash_attention": "kernel",
     "grid_steps": "kernel",
     "window": "kernel",

@@ -113,6 +113,10 @@ def _pack(code, width):
     last = lax.cummax(stamp, axis=0)
     fetch = jnp.where(last >= 0, tile[jnp.maximum(last, 0)], 0)
     start = jnp.arange(r, dtype=jnp.int32) * width
+    # An empty row starts at the last entry listed before it (layout contract: its steps repeat that block, no DMA).
+    row_last = jnp.where(count > 0, start + count - 1, -1)
+    before = jnp.concatenate([jnp.full((1,), -1, jnp.int32), lax.cummax(row_last, axis=0)[:-1]])
+    start = jnp.where(count > 0, start, jnp.maximum(before, 0))
     return start, count, cols.reshape(-1), tile, fetch
 
 

@@ -8,9 +8,27 @@ Every data-dependent index comes from scalar prefetch (the layout's lists and th
 read scalars from them and never index a ref with a vector, so the TPU lowering accepts them (see
 test_pallas_kernel.py's export gate). Mask algebra is int32 (Mosaic truncates some boolean vector ops).
 
-Ragged ends: a block crossing a sequence's end reads rows past it that hold whatever VMEM held (NaN in interpret
-mode). Such blocks are partial tiles (layout contract), so only the partial path deals with them: it ANDs the
-in-range condition into the mask and zeroes the operand rows that meet a 0 probability in a matmul (0 * NaN).
+Hidden values are never read into a result (the engine's NaN policy, ``softmax_state.hpp``), as far as a matmul
+allows: a probability of 0 still multiplies its value row in ``p @ v`` (0 * NaN = NaN). Garbage lives in rows the mask
+hides -- padding, stale cache pages, other documents, and the rows past a sequence's end a ragged block reads (stale
+VMEM; NaN in interpret mode). Full tiles see every pair, so only the partial path deals with it: it ANDs the in-range
+condition into the mask, computes which operand rows at least one row of the tile may see (a small matmul of the
+allow matrix with ones) and zeroes the others before each matmul that would multiply them by 0 -- V and K (dQ) rows
+no query of the tile sees, q and dO rows (dK/dV) that see no key of the tile. Left as IEEE arithmetic: a non-finite
+row that some row of the same tile does see reaches the tile's other rows through 0 * x (the engine selects per
+pair); that needs a bad value in a visible row, i.e. a result that is NaN already.
+
+Segment ids: id 0 is padding (as the engine's DocumentMask): a partial tile allows (i, j) only if q_id[i] ==
+kv_id[j] != 0.
+
+``scale`` and ``softcap`` are static Python floats (they specialise the kernels); a traced value is refused.
+``positions`` default to token indices: the top-left alignment. Decode / extend (q_len < kv_len, queries at the end)
+passes positions, e.g. ``(kv_len - q_len + arange(q_len), arange(kv_len))`` for bottom-right causal.
+
+TPU risks not settled without a TPU: the int32 [bq, bkv] temporaries of the mask algebra are counted in the VMEM
+budget (``_vmem_bytes``) but their live ranges are the compiler's; lse / delta blocks are [bq, 1] (lane-padded 128x
+in VMEM; Splash broadcasts them to [bq, 128]); ``jax.export`` runs the Pallas-to-Mosaic lowering only, not Mosaic's
+own passes, so a shape Mosaic rejects at compile time would first show on a TPU.
 """
 
 from __future__ import annotations
@@ -26,10 +44,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .layout import FULL_TILE, PREDICATE_TILE, BlockLayout
+from .layout import _KV_FIELDS, _Q_FIELDS, FULL_TILE, PREDICATE_TILE, BlockLayout
 
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T without materialising the transpose
 _NN = (((1,), (0,)), ((), ()))
+_TN = (((0,), (0,)), ((), ()))  # a.T @ b (the TPU matmul takes a transposed left operand, as Splash's dK/dV does)
 _STEP_TILE = (8, 128)  # one int32 vreg per row of the step counter: a TPU-legal block
 _MIN_D, _MAX_D = 64, 256
 
@@ -74,10 +93,6 @@ class _Static(NamedTuple):
     def nk(self):
         return -(-self.kv_len // self.block_kv)
 
-    @property
-    def predicate(self):
-        return self.has_ids or self.has_pos or self.inner[0] != "full"
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Index arithmetic shared by index maps and kernel bodies (scalars read from SMEM only).
@@ -117,7 +132,8 @@ def _allowed(st, tile, bits, q_base, kv_base, q_ids, kv_ids, q_pos, kv_pos, shap
     q_idx = q_base + lax.broadcasted_iota(jnp.int32, shape, q_axis)
     kv_idx = kv_base + lax.broadcasted_iota(jnp.int32, shape, 1 - q_axis)
     if st.has_ids:
-        allow = allow * jnp.where(q_ids == kv_ids, one, 0)
+        # Id 0 is padding (the engine's DocumentMask): it matches nothing, itself included.
+        allow = allow * jnp.where(q_ids == kv_ids, one, 0) * jnp.where(q_ids != 0, one, 0)
     if st.inner[0] != "full":
         qp = q_pos if st.has_pos else q_idx
         kp = kv_pos if st.has_pos else kv_idx
@@ -133,10 +149,19 @@ def _allowed(st, tile, bits, q_base, kv_base, q_ids, kv_ids, q_pos, kv_pos, shap
     return allow
 
 
-def _zero_rows_past(x, base, length):
-    """x [rows, D] with rows at index base + i >= length set to 0 (they hold stale VMEM past a sequence's end)."""
-    idx = base + lax.broadcasted_iota(jnp.int32, x.shape, 0)
-    return jnp.where(idx < length, x, jnp.zeros_like(x))
+def _seen_rows(allow):
+    """[n, 1] bool for allow [m, n]: which of n operand rows at least one of the m rows may see.
+
+    A matmul with ones (allow^T @ 1) puts the per-column count on sublanes, where the operand's rows are, without a
+    vector transpose; 0/1 sums stay exact in fp32."""
+    ones = jnp.ones((allow.shape[0], 128), jnp.float32)
+    seen = lax.dot_general(allow.astype(jnp.float32), ones, _TN, preferred_element_type=jnp.float32)
+    return seen[:, :1] > 0.0
+
+
+def _keep_rows(x, seen):
+    """x [n, D] with the rows no one sees set to 0 (a select: they may hold NaN, and 0 * NaN = NaN in a matmul)."""
+    return jnp.where(seen, x, jnp.zeros_like(x))
 
 
 def _logits(st, a, b):
@@ -155,6 +180,16 @@ def _split(refs, n_prefetch, names):
     return dict(zip(("start", "count", "ent", "tile", "fetch"), refs[:5])) | dict(zip(names, rest))
 
 
+def _dispatch(st, r, live, tile, step):
+    """Runs ``step(partial)`` at a live grid step: full tiles without mask work, the others with it; counts steps."""
+    pl.when(live & (tile == FULL_TILE))(lambda: step(False))
+    pl.when(live & (tile != FULL_TILE))(lambda: step(True))
+    if st.count_steps:
+        @pl.when(live)
+        def _count():
+            r["steps"][...] += 1
+
+
 def _optional_names(st):
     names = []
     if st.has_ids:
@@ -164,9 +199,15 @@ def _optional_names(st):
     return names
 
 
-def _predicate_values(st, r):
+def _predicate_values(r, q_col):
+    """ids / positions shaped to broadcast over a tile: the sublane side's values as a column [n, 1] (lane 0 of its
+    lane-dense [n, 128] block), the lane side's as a row [1, n] (sublane 0 of its [8, n] block). ``q_col``: the
+    query side is the column (forward, dQ), else the key side (dK/dV)."""
     def get(name):
-        return r[name][...] if name in r else None
+        if name not in r:
+            return None
+        col = name.startswith("q_") == q_col
+        return r[name][:, 0:1] if col else r[name][0:1, :]
 
     return get("q_ids"), get("kv_ids"), get("q_pos"), get("kv_pos")
 
@@ -176,10 +217,12 @@ def _predicate_values(st, r):
 #
 # Grid (B, H, NQ, q_width); step (b, h, qi, j) computes entry j of q block qi's row (nothing past its count).
 # Blocks: q [bq, D] (b, h, qi); k, v [bkv, D] (b, h // group, kv block) or page (page_table[b, kv block], h // group);
-# bits int8 [bq, bkv] (q_fetch of the entry); ids / positions [bq, 1] and [1, bkv]; out [bq, D]; lse [bq, 1].
+# bits int8 [bq, bkv] (q_fetch of the entry); ids / positions lane-dense [bq, 128] and [8, bkv]; out [bq, D];
+# lse [bq, 1].
 # VMEM (bq = bkv = 512, D = 128, bf16): double-buffered q, k, v, out 1 MiB, bits 0.5 MiB, fp32 scratch acc
 # 0.25 MiB and m, l 0.5 MiB (a [bq, 1] buffer pads to 128 lanes), plus the compiler's fp32 [bq, bkv] temporaries
-# (s, p: 1 MiB each): about 4 MiB, twice the operands' share at D = 256; under the 16 MiB default scoped limit.
+# (s, p: 1 MiB each) and the int32 mask algebra of partial tiles: ``_vmem_bytes`` counts them all per
+# configuration, and each pallas_call asks for that budget (``_params``).
 # HBM: q and out once per q block; k, v once per listed entry (a repeated index re-uses the buffer); bits once
 # per change of the fetch index, i.e. per listed partial tile at most; nothing for unlisted blocks.
 
@@ -205,11 +248,10 @@ def _fwd_kernel(st, *refs):
         v = r["v"][...]
         s, _ = _logits(st, r["q"][...], r["k"][...])
         if partial:
-            allow = _allowed(st, tile, r["bits"][...], qi * st.block_q, kb * st.block_kv, *_predicate_values(st, r),
+            allow = _allowed(st, tile, r["bits"][...], qi * st.block_q, kb * st.block_kv, *_predicate_values(r, True),
                              s.shape, 0)
             s = jnp.where(allow != 0, s, -jnp.inf)
-            if st.kv_len % st.block_kv:
-                v = _zero_rows_past(v, kb * st.block_kv, st.kv_len)
+            v = _keep_rows(v, _seen_rows(allow))  # keys no query here sees: p = 0 must not meet their garbage
         m_prev = r["m"][...]
         m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
         # A row with nothing allowed yet keeps m = -inf; shifting by 0 instead keeps exp() free of inf - inf.
@@ -221,13 +263,7 @@ def _fwd_kernel(st, *refs):
                                                                preferred_element_type=jnp.float32)
         r["m"][...] = m_new
 
-    live = j < n
-    pl.when(live & (tile == FULL_TILE))(lambda: step(False))
-    pl.when(live & (tile != FULL_TILE))(lambda: step(True))
-    if st.count_steps:
-        @pl.when(live)
-        def _count():
-            r["steps"][...] += 1
+    _dispatch(st, r, j < n, tile, step)
 
     @pl.when(j == st.q_width - 1)
     def _finish():
@@ -279,21 +315,14 @@ def _dq_kernel(st, *refs):
         if t is not None:
             ds = ds * (1.0 - t * t)
         if partial:
-            allow = _allowed(st, tile, r["bits"][...], qi * st.block_q, kb * st.block_kv, *_predicate_values(st, r),
+            allow = _allowed(st, tile, r["bits"][...], qi * st.block_q, kb * st.block_kv, *_predicate_values(r, True),
                              s.shape, 0)
             # Last, and a select: masked and out-of-range entries may be inf or NaN (stale keys, exp of -inf - lse).
             ds = jnp.where(allow != 0, ds, 0.0)
-            if st.kv_len % st.block_kv:
-                k = _zero_rows_past(k, kb * st.block_kv, st.kv_len)
+            k = _keep_rows(k, _seen_rows(allow))  # keys no query here sees: ds = 0 must not meet their garbage
         r["acc"][...] += lax.dot_general(ds.astype(k.dtype), k, _NN, preferred_element_type=jnp.float32)
 
-    live = j < n
-    pl.when(live & (tile == FULL_TILE))(lambda: step(False))
-    pl.when(live & (tile != FULL_TILE))(lambda: step(True))
-    if st.count_steps:
-        @pl.when(live)
-        def _count():
-            r["steps"][...] += 1
+    _dispatch(st, r, j < n, tile, step)
 
     @pl.when(j == st.q_width - 1)
     def _finish():
@@ -306,10 +335,10 @@ def _dq_kernel(st, *refs):
 # Grid (B, Hkv, NK, group * kv_width): kv block kb of kv head hkv walks, for each q head of its group in turn, the
 # key-major row of (b, that head, kb); deterministic (one writer per dk/dv block, no atomics). Works transposed,
 # keys on sublanes: s^T = k q^T [bkv, bq], so the key-major tiles [bkv, bq] and lse / delta rows [1, bq] apply
-# without a transpose. Blocks: k, v [bkv, D]; q, dO [bq, D]; lse, delta [1, bq]; bits [bkv, bq]; ids / positions
-# [bkv, 1] and [1, bq]; out dk, dv [bkv, D] in the sequence layout (paged K/V: scattered to pages outside);
-# fp32 scratch dk, dv [bkv, D]. VMEM (512 / 512 / 128, bf16): k, v, q, dO, dk, dv 1.5 MiB, bits 0.5, scratch
-# 0.5, temporaries s, p, dp, ds 4: about 6.5 MiB. HBM: k, v, dk, dv once per kv block; q, dO, lse, delta once
+# without a transpose. Blocks: k, v [bkv, D]; q, dO [bq, D]; lse, delta [1, bq]; bits [bkv, bq]; ids /
+# positions lane-dense [bkv, 128] and [8, bq]; out dk, dv [bkv, D] in the sequence layout (paged K/V: scattered
+# to pages outside); fp32 scratch dk, dv [bkv, D]. VMEM (512 / 512 / 128, bf16): k, v, q, dO, dk, dv 1.5 MiB,
+# bits 0.5, scratch 0.5, temporaries s, p, dp, ds 4 and the mask algebra's int32 tiles (``_vmem_bytes``). HBM: k, v, dk, dv once per kv block; q, dO, lse, delta once
 # per listed entry (per q head of the group).
 
 
@@ -332,9 +361,6 @@ def _dkv_kernel(st, *refs):
 
     def step(partial):
         q, do = r["q"][...], r["do"][...]
-        if partial and st.q_len % st.block_q:
-            q = _zero_rows_past(q, qb * st.block_q, st.q_len)
-            do = _zero_rows_past(do, qb * st.block_q, st.q_len)
         s, t = _logits(st, r["k"][...], q)
         p = jnp.exp(s - r["lse"][...])
         dp = lax.dot_general(r["v"][...], do, _NT, preferred_element_type=jnp.float32)
@@ -342,22 +368,20 @@ def _dkv_kernel(st, *refs):
         if t is not None:
             ds = ds * (1.0 - t * t)
         if partial:
-            q_ids, kv_ids, q_pos, kv_pos = _predicate_values(st, r)
+            q_ids, kv_ids, q_pos, kv_pos = _predicate_values(r, False)
             allow = _allowed(st, tile, r["bits"][...], qb * st.block_q, kb * st.block_kv, q_ids, kv_ids, q_pos,
                              kv_pos, s.shape, 1)
             # Selects, last: masked and out-of-range entries may be inf or NaN.
             p = jnp.where(allow != 0, p, 0.0)
             ds = jnp.where(allow != 0, ds, 0.0)
+            # Queries that see no key here (padding, other documents, past the end): their q / dO rows may hold
+            # garbage that p = ds = 0 must not meet in the matmuls below.
+            seen = _seen_rows(allow)
+            q, do = _keep_rows(q, seen), _keep_rows(do, seen)
         r["dv_acc"][...] += lax.dot_general(p.astype(do.dtype), do, _NN, preferred_element_type=jnp.float32)
         r["dk_acc"][...] += lax.dot_general(ds.astype(q.dtype), q, _NN, preferred_element_type=jnp.float32)
 
-    live = jj < n
-    pl.when(live & (tile == FULL_TILE))(lambda: step(False))
-    pl.when(live & (tile != FULL_TILE))(lambda: step(True))
-    if st.count_steps:
-        @pl.when(live)
-        def _count():
-            r["steps"][...] += 1
+    _dispatch(st, r, jj < n, tile, step)
 
     @pl.when(j == st.group * st.kv_width - 1)
     def _finish():
@@ -387,10 +411,10 @@ def _q_major_maps(st):
     def bits_map(b, h, qi, j, start, count, ent, tile, fetch, *pt):
         return fetch[entry(b, h, qi, j, start, count)], 0, 0
 
-    def col_map(b, h, qi, j, *pf):  # [B, Sq, 1] per-query values
+    def col_map(b, h, qi, j, *pf):  # [B, Sq, 128] per-query values
         return b, qi, 0
 
-    def row_map(b, h, qi, j, start, count, ent, *rest):  # [B, 1, Skv] per-key values
+    def row_map(b, h, qi, j, start, count, ent, *rest):  # [B, 8, Skv] per-key values
         return b, 0, ent[entry(b, h, qi, j, start, count)]
 
     def stat_map(b, h, qi, j, *pf):  # [B, H, Sq, 1] lse / delta
@@ -421,10 +445,10 @@ def _kv_major_maps(st):
     def bits_map(b, hkv, kb, j, start, count, ent, tile, fetch, *pt):
         return fetch[entry(b, hkv, kb, j, start, count)[1]], 0, 0
 
-    def col_map(b, hkv, kb, j, *pf):  # [B, Skv, 1] per-key values
+    def col_map(b, hkv, kb, j, *pf):  # [B, Skv, 128] per-key values
         return b, kb, 0
 
-    def row_map(b, hkv, kb, j, start, count, ent, *rest):  # [B, 1, Sq] per-query values
+    def row_map(b, hkv, kb, j, start, count, ent, *rest):  # [B, 8, Sq] per-query values
         return b, 0, ent[entry(b, hkv, kb, j, start, count)[1]]
 
     def stat_map(b, hkv, kb, j, start, count, ent, *rest):  # [B, H, 1, Sq] lse / delta
@@ -434,8 +458,57 @@ def _kv_major_maps(st):
     return q_map, kv_map, kv_out_map, bits_map, col_map, row_map, stat_map
 
 
-def _params(st):
-    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+_MiB = 1 << 20
+# VMEM per TensorCore is 64 MiB on v7x (128 MiB on v5e / v6e); a pass whose estimate exceeds 48 MiB leaves too
+# little for the compiler's own spills and is refused. Scoped limits default to 16 / 32 MiB, below what large
+# blocks need, so every pallas_call asks for 1.5x its estimate (at least 32 MiB, at most 60 MiB).
+_VMEM_REFUSE = 48 * _MiB
+_VMEM_FLOOR, _VMEM_CEIL = 32 * _MiB, 60 * _MiB
+
+
+def _vmem_bytes(st, d, itemsize, kind):
+    """An upper estimate of one pass's VMEM: double-buffered blocks, scratch and the [bq, bkv] temporaries.
+
+    A [n, 1] block pads to [n, 128] (lanes) and a [1, n] one to [8, n] (sublanes), 4 bytes each. Temporaries: the
+    fp32 logits, probabilities (and dp, ds backward), tanh for softcap, and the int32 mask algebra (the allow
+    matrix, two iotas, one compare result live at a time), each [bq, bkv] x 4 bytes."""
+    bq, bkv = st.block_q, st.block_kv
+    col, row = lambda n: n * 128 * 4, lambda n: 8 * n * 4  # noqa: E731
+    n_pred = int(st.has_ids) + int(st.has_pos)
+    tile = bq * bkv * 4
+    if kind == "fwd":
+        ins = (bq + 2 * bkv) * d * itemsize + bq * bkv + n_pred * (col(bq) + row(bkv))
+        outs = bq * d * itemsize + col(bq)
+        scratch = 2 * col(bq) + bq * d * 4
+        temps = (2 + 4) * tile
+    elif kind == "dq":
+        ins = (2 * bq + 2 * bkv) * d * itemsize + bq * bkv + n_pred * (col(bq) + row(bkv)) + 2 * col(bq)
+        outs = bq * d * itemsize
+        scratch = bq * d * 4
+        temps = (4 + 4) * tile
+    else:
+        ins = (2 * bq + 2 * bkv) * d * itemsize + bq * bkv + n_pred * (row(bq) + col(bkv)) + 2 * row(bq)
+        outs = 2 * bkv * d * itemsize
+        scratch = 2 * bkv * d * 4
+        temps = (4 + 4) * tile
+    temps += tile if st.softcap else 0
+    return 2 * (ins + outs) + scratch + temps
+
+
+def _check_vmem(st, d, dtype):
+    for kind, name in (("fwd", "forward"), ("dq", "dQ"), ("dkv", "dK/dV")):
+        need = _vmem_bytes(st, d, jnp.dtype(dtype).itemsize, kind)
+        if need > _VMEM_REFUSE:
+            raise ValueError(f"flash_attention: block_q={st.block_q}, block_kv={st.block_kv} with head dim {d} and "
+                             f"{jnp.dtype(dtype).name} need about {need / _MiB:.1f} MiB of VMEM in the {name} pass, "
+                             f"over the {_VMEM_REFUSE // _MiB} MiB this kernel allows: use smaller blocks")
+
+
+def _params(st, d, dtype, kind):
+    need = _vmem_bytes(st, d, jnp.dtype(dtype).itemsize, kind)
+    limit = int(min(_VMEM_CEIL, max(_VMEM_FLOOR, 1.5 * need)))
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+                                vmem_limit_bytes=limit)
 
 
 def _steps_shape(st, rows):
@@ -443,37 +516,64 @@ def _steps_shape(st, rows):
                                  (st.nq if rows == "q" else st.nk) * _STEP_TILE[0], _STEP_TILE[1]), jnp.int32)
 
 
+_LANES, _SUBLANES = 128, 8
+
+
+def _col(x):
+    """[B, S] -> [B, S, 128]: per-token values for the sublane axis, lane-dense (Splash's form). A [B, S, 1] array's
+    [n, 1] block would pad to [n, 128] in VMEM anyway and copy one lane per row; this one copies whole tiles."""
+    return jnp.broadcast_to(x[:, :, None], x.shape + (_LANES,))
+
+
+def _row(x):
+    """[B, S] -> [B, 8, S]: per-token values for the lane axis, one full sublane tile per block."""
+    return jnp.broadcast_to(x[:, None, :], (x.shape[0], _SUBLANES, x.shape[1]))
+
+
 def _predicate_operands(st, ids, pos, q_side_col):
-    """ids / positions reshaped so the query side is a column ([B, Sq, 1]) and the key side a row ([B, 1, Skv])
-    (q_side_col), or the reverse for dK/dV."""
+    """ids / positions with the query side as columns and the key side as rows (q_side_col), or the reverse for
+    dK/dV."""
     ops = []
     for pair in ((ids,) if st.has_ids else ()) + ((pos,) if st.has_pos else ()):
         qv, kv = pair
-        if q_side_col:
-            ops += [qv[:, :, None], kv[:, None, :]]
-        else:
-            ops += [qv[:, None, :], kv[:, :, None]]
+        ops += [_col(qv), _row(kv)] if q_side_col else [_row(qv), _col(kv)]
     return ops
 
 
+_FIELDS = _Q_FIELDS + _KV_FIELDS  # the order of BlockLayout.arrays(), which the kernels' ``arrays`` tuple keeps
+
+
+def _field(arrays, name):
+    return arrays[_FIELDS.index(name)]
+
+
 def _prefetch(arrays, page_table, q_major):
-    lists = arrays[:5] if q_major else arrays[6:11]
-    return list(lists) + ([page_table.reshape(-1)] if page_table is not None else [])
+    """The scalar-prefetch operands: one direction's five lists (start, count, block, tile, fetch), the table."""
+    names = _Q_FIELDS[:5] if q_major else _KV_FIELDS[:5]
+    return [_field(arrays, n) for n in names] + ([page_table.reshape(-1)] if page_table is not None else [])
 
 
 def _kv_block(st, d):
     return (None, None, st.block_kv, d)
 
 
-def _forward(st, q, k, v, sinks, ids, pos, page_table, arrays):
+def _q_major_inputs(st, q, k, v, ids, pos, arrays):
+    """The forward's and dQ's shared inputs: q, k, v, the mask bits and the ids / positions, with their specs."""
     d = q.shape[-1]
     q_map, kv_map, bits_map, col_map, row_map, stat_map = _q_major_maps(st)
     in_specs = [pl.BlockSpec((None, None, st.block_q, d), q_map), pl.BlockSpec(_kv_block(st, d), kv_map),
                 pl.BlockSpec(_kv_block(st, d), kv_map), pl.BlockSpec((None, st.block_q, st.block_kv), bits_map)]
-    operands = [q, k, v, arrays[5]]
+    operands = [q, k, v, _field(arrays, "q_tiles")]
     for _ in range(int(st.has_ids) + int(st.has_pos)):
-        in_specs += [pl.BlockSpec((None, st.block_q, 1), col_map), pl.BlockSpec((None, 1, st.block_kv), row_map)]
+        in_specs += [pl.BlockSpec((None, st.block_q, _LANES), col_map),
+                     pl.BlockSpec((None, _SUBLANES, st.block_kv), row_map)]
     operands += _predicate_operands(st, ids, pos, True)
+    return in_specs, operands, q_map, stat_map
+
+
+def _forward(st, q, k, v, sinks, ids, pos, page_table, arrays):
+    d = q.shape[-1]
+    in_specs, operands, q_map, stat_map = _q_major_inputs(st, q, k, v, ids, pos, arrays)
     if st.has_sinks:
         # SMEM: the kernel reads one scalar per head; 8 rows keep the array's shape TPU-legal.
         in_specs.append(pl.BlockSpec((8, st.heads), lambda *_: (0, 0), memory_space=pltpu.SMEM))
@@ -492,7 +592,8 @@ def _forward(st, q, k, v, sinks, ids, pos, page_table, arrays):
             out_specs=out_specs,
             scratch_shapes=[pltpu.VMEM((st.block_q, 1), jnp.float32), pltpu.VMEM((st.block_q, 1), jnp.float32),
                             pltpu.VMEM((st.block_q, d), jnp.float32)]),
-        out_shape=out_shape, compiler_params=_params(st), interpret=st.interpret, name="seqattn_flash_fwd",
+        out_shape=out_shape, compiler_params=_params(st, d, q.dtype, "fwd"), interpret=st.interpret,
+        name="seqattn_flash_fwd",
     )(*prefetch, *operands)
     out, lse = outs[0], outs[1][..., 0]
     return (out, lse) + ((outs[2],) if st.count_steps else ())
@@ -500,13 +601,7 @@ def _forward(st, q, k, v, sinks, ids, pos, page_table, arrays):
 
 def _backward_dq(st, q, k, v, ids, pos, page_table, arrays, lse, delta, do):
     d = q.shape[-1]
-    q_map, kv_map, bits_map, col_map, row_map, stat_map = _q_major_maps(st)
-    in_specs = [pl.BlockSpec((None, None, st.block_q, d), q_map), pl.BlockSpec(_kv_block(st, d), kv_map),
-                pl.BlockSpec(_kv_block(st, d), kv_map), pl.BlockSpec((None, st.block_q, st.block_kv), bits_map)]
-    operands = [q, k, v, arrays[5]]
-    for _ in range(int(st.has_ids) + int(st.has_pos)):
-        in_specs += [pl.BlockSpec((None, st.block_q, 1), col_map), pl.BlockSpec((None, 1, st.block_kv), row_map)]
-    operands += _predicate_operands(st, ids, pos, True)
+    in_specs, operands, q_map, stat_map = _q_major_inputs(st, q, k, v, ids, pos, arrays)
     in_specs += [pl.BlockSpec((None, None, st.block_q, 1), stat_map)] * 2
     in_specs.append(pl.BlockSpec((None, None, st.block_q, d), q_map))
     operands += [lse[..., None], delta[..., None], do]
@@ -521,7 +616,8 @@ def _backward_dq(st, q, k, v, ids, pos, page_table, arrays, lse, delta, do):
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(prefetch), grid=(st.batch, st.heads, st.nq, st.q_width), in_specs=in_specs,
             out_specs=out_specs, scratch_shapes=[pltpu.VMEM((st.block_q, d), jnp.float32)]),
-        out_shape=out_shape, compiler_params=_params(st), interpret=st.interpret, name="seqattn_flash_dq",
+        out_shape=out_shape, compiler_params=_params(st, d, q.dtype, "dq"), interpret=st.interpret,
+        name="seqattn_flash_dq",
     )(*prefetch, *operands)
 
 
@@ -530,9 +626,10 @@ def _backward_dkv(st, q, k, v, ids, pos, page_table, arrays, lse, delta, do):
     q_map, kv_map, kv_out_map, bits_map, col_map, row_map, stat_map = _kv_major_maps(st)
     in_specs = [pl.BlockSpec((None, None, st.block_q, d), q_map), pl.BlockSpec(_kv_block(st, d), kv_map),
                 pl.BlockSpec(_kv_block(st, d), kv_map), pl.BlockSpec((None, st.block_kv, st.block_q), bits_map)]
-    operands = [q, k, v, arrays[11]]
+    operands = [q, k, v, _field(arrays, "kv_tiles")]
     for _ in range(int(st.has_ids) + int(st.has_pos)):
-        in_specs += [pl.BlockSpec((None, 1, st.block_q), row_map), pl.BlockSpec((None, st.block_kv, 1), col_map)]
+        in_specs += [pl.BlockSpec((None, _SUBLANES, st.block_q), row_map),
+                     pl.BlockSpec((None, st.block_kv, _LANES), col_map)]
     operands += _predicate_operands(st, ids, pos, False)
     in_specs += [pl.BlockSpec((None, None, 1, st.block_q), stat_map)] * 2
     in_specs.append(pl.BlockSpec((None, None, st.block_q, d), q_map))
@@ -551,7 +648,8 @@ def _backward_dkv(st, q, k, v, ids, pos, page_table, arrays, lse, delta, do):
             num_scalar_prefetch=len(prefetch), grid=(st.batch, st.kv_heads, st.nk, st.group * st.kv_width),
             in_specs=in_specs, out_specs=out_specs,
             scratch_shapes=[pltpu.VMEM((st.block_kv, d), jnp.float32), pltpu.VMEM((st.block_kv, d), jnp.float32)]),
-        out_shape=out_shape, compiler_params=_params(st), interpret=st.interpret, name="seqattn_flash_dkv",
+        out_shape=out_shape, compiler_params=_params(st, d, q.dtype, "dkv"), interpret=st.interpret,
+        name="seqattn_flash_dkv",
     )(*prefetch, *operands)
 
 
@@ -638,7 +736,7 @@ def _pair(x, name, shapes):
     return a.astype(jnp.int32), b.astype(jnp.int32)
 
 
-def _check_layout_arrays(layout, heads):
+def _check_layout_arrays(layout):
     """The layout arrays' shapes and dtypes against its LayoutShape (static: works on traced arrays too). Their
     values are the builder's promise (``validate`` checks a host layout); a wrong shape would fail deep in Pallas."""
     s = layout.shape
@@ -680,7 +778,7 @@ def _static(q, k, v, layout, scale, softcap, sinks, segment_ids, positions, inne
     if s.batch != b_ or s.q_len != sq or s.mask_heads not in (1, h):
         raise ValueError(f"flash_attention: layout (batch {s.batch}, mask heads {s.mask_heads}, q_len {s.q_len}) "
                          f"does not fit q {q.shape} (mask heads must be 1 or {h})")
-    _check_layout_arrays(layout, h)
+    _check_layout_arrays(layout)
     for name, blk in (("block_q", s.block_q), ("block_kv", s.block_kv)):
         if blk % 128:
             # Both blocks are lane dims somewhere: bits [bq, bkv] forward and [bkv, bq] in dK/dV, lse rows [1, bq].
@@ -701,6 +799,12 @@ def _static(q, k, v, layout, scale, softcap, sinks, segment_ids, positions, inne
         pages = pt.shape[1]
     if sinks is not None and (jnp.shape(sinks) != (h,)):
         raise ValueError(f"flash_attention: sinks must be [{h}] (one logit per q head), got {jnp.shape(sinks)}")
+    for name, x in (("scale", scale), ("softcap", softcap)):
+        # They specialise the kernels (custom_vjp's static argument): a traced value cannot.
+        if x is not None and (isinstance(x, jax.core.Tracer) or not isinstance(x, (int, float, np.integer,
+                                                                                    np.floating))):
+            raise ValueError(f"flash_attention: {name} must be a static Python float (it specialises the kernels), "
+                             f"got {type(x).__name__}")
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     softcap = 0.0 if softcap is None else float(softcap)
@@ -715,9 +819,11 @@ def _prepare(q, k, v, layout, *, scale=None, softcap=None, sinks=None, segment_i
              page_table=None, interpret=False, count_steps=False):
     """Checks every argument (ValueError before any work); the static config and the kernels' array operands."""
     st = _static(q, k, v, layout, scale, softcap, sinks, segment_ids, positions, inner, page_table, interpret)
+    _check_vmem(st, q.shape[-1], q.dtype)
     ids = _pair(segment_ids, "segment_ids", ((st.batch, st.q_len), (st.batch, st.kv_len)))
     pos = _pair(positions, "positions", ((st.batch, st.q_len), (st.batch, st.kv_len)))
-    arrays = tuple(jnp.asarray(a, jnp.int8 if i in (5, 11) else jnp.int32) for i, a in enumerate(layout.arrays()))
+    arrays = tuple(jnp.asarray(a, jnp.int8 if name.endswith("_tiles") else jnp.int32)
+                   for name, a in zip(_FIELDS, layout.arrays()))
     sinks = None if sinks is None else jnp.asarray(sinks, jnp.float32)
     pt = None if page_table is None else jnp.asarray(page_table)
     return st._replace(count_steps=bool(count_steps)), (sinks, ids, pos, pt, arrays)
@@ -732,8 +838,11 @@ def flash_attention(q, k, v, layout, *, scale=None, softcap=None, sinks=None, se
     page == the layout's block_kv. float32 or bfloat16, D in [64, 256]; fp32 accumulation.
     ``segment_ids`` / ``positions``: pairs (queries ``[B, Sq]``, keys ``[B, Skv]``) int32; with them (or an
     ``inner`` other than "full") a partial tile's mask is its bits AND ids equal AND ``inner(q_pos, kv_pos)``:
-    "full", "causal" (q_pos >= kv_pos) or ``window(left, right)``; positions default to token indices. Full tiles
-    are never masked. ``sinks`` ``[H]``: one logit per q head in every row's denominator.
+    "full", "causal" (q_pos >= kv_pos) or ``window(left, right)``. Segment id 0 is padding and matches nothing.
+    Positions default to token indices, i.e. top-left alignment; decode / extend callers (q_len < kv_len, queries
+    at the end of the keys) pass positions, e.g. ``(kv_len - q_len + arange(q_len), arange(kv_len))``. Full tiles
+    are never masked. ``scale`` / ``softcap``: static Python floats (a traced value raises ValueError).
+    ``sinks`` ``[H]``: one logit per q head in every row's denominator.
     Returns out ``[B, H, Sq, D]`` (and lse ``[B, H, Sq]`` fp32, natural log, sink included, with return_lse).
     ``interpret=True`` runs the kernels' program on CPU (tests); False lowers them with Mosaic for TPU.
     """
@@ -755,3 +864,73 @@ def grid_steps(q, k, v, layout, do=None, **kwargs):
     dq = _backward_dq(st, q, k, v, ids, pos, pt, arrays, lse, delta, do)[1]
     dkv = _backward_dkv(st, q, k, v, ids, pos, pt, arrays, lse, delta, do)[2]
     return {name: x[:, :, :: _STEP_TILE[0], 0] for name, x in (("forward", fwd), ("dq", dq), ("dkv", dkv))}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# BSHD and ragged THD entry point.
+
+
+def _packed_ids(cu, total, name):
+    """Segment ids (sequence s -> s + 1, tokens past cu[-1] -> 0: padding) and in-sequence positions of a packed
+    stream of ``total`` tokens; works on traced offsets (a compare-and-count, no gather from a vector index)."""
+    cu = jnp.asarray(cu)
+    if cu.ndim != 1 or cu.shape[0] < 2 or not jnp.issubdtype(cu.dtype, jnp.integer):
+        raise ValueError(f"attention: {name} must be integer offsets [sequences + 1] starting at 0, got "
+                         f"{cu.dtype}{cu.shape}")
+    cu = cu.astype(jnp.int32)
+    t = jnp.arange(total, dtype=jnp.int32)
+    seq = jnp.sum(t[:, None] >= cu[None, 1:], axis=1, dtype=jnp.int32)  # sequences that end at or before t
+    n = cu.shape[0] - 1
+    ids = jnp.where((seq < n) & (t >= cu[0]), seq + 1, 0)
+    pos = t - cu[jnp.minimum(seq, n - 1)]
+    return ids[None], pos[None]
+
+
+def attention(q, k, v, layout, *, qkv_layout="bshd", cu_seqlens=None, cu_seqlens_kv=None, return_lse=False, **kwargs):
+    """flash_attention for the engine's layouts: BSHD ``[B, S, H, D]`` or ragged THD ``[T, H, D]`` + ``cu_seqlens``.
+
+    The kernel's blocks are head-major ([B, H, S, D]); this wrapper transposes q, k, v in and out with one explicit
+    ``jnp.transpose`` each (an XLA copy; nothing else is copied). ``qkv_layout="bhsd"`` passes through.
+
+    THD: one packed stream (batch 1) of ``T`` query tokens (keys: ``Tk`` tokens, ``cu_seqlens_kv``, default
+    ``cu_seqlens``), sequence s at ``cu_seqlens[s] .. cu_seqlens[s + 1] - 1``, tokens past the last offset are
+    padding. The layout must be the packed stream's with each sequence a document (``static_layout(mask, T,
+    cu_seqlens=...)``); the kernel's segment-id predicate then keeps sequences apart on partial tiles: ids are
+    derived here (sequence s -> s + 1, padding 0) and, for an ``inner`` other than "full", positions restart at 0
+    in each sequence (top-left in each, as the engine). Returns out ``[T, H, D]`` and lse ``[H, T]`` (the engine's
+    THD shapes); BSHD: out ``[B, S, H, D]``, lse ``[B, H, S]``. Other arguments: flash_attention's.
+    """
+    if qkv_layout not in ("bshd", "thd", "bhsd"):
+        raise ValueError(f"attention: qkv_layout must be 'bshd', 'thd' or 'bhsd', got {qkv_layout!r}")
+    if qkv_layout != "thd" and (cu_seqlens is not None or cu_seqlens_kv is not None):
+        raise ValueError(f"attention: cu_seqlens / cu_seqlens_kv describe the THD layout, not {qkv_layout!r}")
+    if qkv_layout == "bhsd":
+        return flash_attention(q, k, v, layout, return_lse=return_lse, **kwargs)
+    if qkv_layout == "bshd":
+        if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+            raise ValueError(f"attention: BSHD q, k, v must be [B, S, H, D], got {q.shape}, {k.shape}, {v.shape}")
+        heads_major = lambda x: jnp.transpose(x, (0, 2, 1, 3))  # noqa: E731
+        out, lse = flash_attention(heads_major(q), heads_major(k), heads_major(v), layout, return_lse=True, **kwargs)
+        out = heads_major(out)
+        return (out, lse) if return_lse else out
+    if cu_seqlens is None:
+        raise ValueError("attention: qkv_layout='thd' needs cu_seqlens")
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise ValueError(f"attention: THD q, k, v must be [T, H, D], got {q.shape}, {k.shape}, {v.shape}")
+    if kwargs.get("segment_ids") is not None or kwargs.get("positions") is not None:
+        raise ValueError("attention: THD derives segment_ids and positions from cu_seqlens; do not pass them")
+    if kwargs.get("page_table") is not None:
+        raise ValueError("attention: paged K/V goes through the BSHD / BHSD layouts, not THD")
+    cu_kv = cu_seqlens if cu_seqlens_kv is None else cu_seqlens_kv
+    if jnp.shape(cu_seqlens) != jnp.shape(cu_kv):
+        raise ValueError(f"attention: cu_seqlens {jnp.shape(cu_seqlens)} and cu_seqlens_kv {jnp.shape(cu_kv)} must "
+                         f"name the same number of sequences")
+    q_ids, q_pos = _packed_ids(cu_seqlens, q.shape[0], "cu_seqlens")
+    kv_ids, kv_pos = _packed_ids(cu_kv, k.shape[0], "cu_seqlens_kv")
+    kwargs["segment_ids"] = (q_ids, kv_ids)
+    if kwargs.get("inner", "full") != "full":
+        kwargs["positions"] = (q_pos, kv_pos)
+    batched = lambda x: jnp.transpose(x, (1, 0, 2))[None]  # noqa: E731  [T, H, D] -> [1, H, T, D]
+    out, lse = flash_attention(batched(q), batched(k), batched(v), layout, return_lse=True, **kwargs)
+    out = jnp.transpose(out[0], (1, 0, 2))
+    return (out, lse[0]) if return_lse else out

@@ -31,6 +31,10 @@ Guarantees every builder gives (``validate`` checks them; the kernel relies on t
   ``start[r] + max(count[r] - 1, 0)`` is a valid entry index, so the kernel reads entry
   ``start[r] + min(j, max(count[r] - 1, 0))`` at grid step j without clamping: steps past a row's count
   repeat its last block (no new DMA) and do no compute.
+- An empty row (count 0) starts at the last entry listed before it (entry 0 when there is none), so its grid
+  steps repeat the block index the previous row ended on: no DMA for a row that computes nothing. (Pointing it at
+  the next row's first entry would fetch that block early, and across a batch or kv-head boundary fetch it for the
+  wrong sequence or head, an extra copy.)
 - A full tile (-1) is allowed at every (query, key) pair of its block_q x block_kv box, all of them inside
   the sequences' lengths; a tile that crosses a sequence's end is partial, its mask 0 outside. Rows of
   queries past a sequence's end therefore compute nothing and come out 0 with LSE -inf, like fully masked
@@ -39,8 +43,9 @@ Guarantees every builder gives (``validate`` checks them; the kernel relies on t
 - Empty tiles are listed nowhere.
 
 Segment-id predicate: when the kernel is given segment ids (and positions), a partial tile's mask is
-``tile bits AND (q_id == kv_id) AND inner(q_pos, kv_pos)`` (bits taken as all ones for -2); full tiles are
-never masked. A builder that lists a tile as full must know it is full under the ids as well.
+``tile bits AND (q_id == kv_id) AND (q_id != 0) AND inner(q_pos, kv_pos)`` (bits taken as all ones for -2): id 0
+is padding and matches nothing, itself included (the engine's DocumentMask). Full tiles are never masked. A builder
+that lists a tile as full must know it is full under the ids as well (no padding id in it).
 """
 
 from __future__ import annotations
@@ -144,7 +149,7 @@ def _lists(allowed, block_r, block_c):
     for b in range(b_):
         for h in range(hm):
             for r in range(nr):
-                starts.append(len(cols))
+                starts.append(len(cols))  # an empty row's start is moved back below
                 n = 0
                 for c in range(nc):
                     t = tiles[b, h, r, c]
@@ -162,7 +167,8 @@ def _lists(allowed, block_r, block_c):
     kinds = [k if k < 0 else int(index[k]) for k in kinds]
     if not cols:  # one dummy entry so every row's start names a valid entry
         cols, kinds = [0], [FULL_TILE]
-    starts = [min(s, len(cols) - 1) for s in starts]
+    # An empty row repeats the last entry listed before it (the contract: no DMA for it).
+    starts = [s if n else max(s - 1, 0) for s, n in zip(starts, counts)]
     tile_arr = np.stack(distinct) if distinct else np.zeros((1, block_r, block_c), np.int8)
     tile = np.asarray(kinds, np.int32)
     return (np.asarray(starts, np.int32), np.asarray(counts, np.int32), np.asarray(cols, np.int32), tile,
@@ -250,7 +256,13 @@ def validate(layout):
         if tile.min() < PREDICATE_TILE or tile.max() >= tiles.shape[0] or fetch.min() < 0 or \
                 fetch.max() >= tiles.shape[0]:
             raise ValueError(f"BlockLayout: {prefix}_tile / {prefix}_fetch name tiles outside [0, {tiles.shape[0]})")
+        listed_before = -1
         for r in range(n_rows):
+            if count[r] == 0 and start[r] != max(listed_before, 0):
+                raise ValueError(f"BlockLayout: empty row {r} of {prefix} must start at the last entry listed before "
+                                 f"it ({max(listed_before, 0)}), got {start[r]}")
+            if count[r]:
+                listed_before = start[r] + count[r] - 1
             e = col[start[r]: start[r] + count[r]]
             if np.any(np.diff(e) <= 0):
                 raise ValueError(f"BlockLayout: row {r} of {prefix} lists its blocks out of order: {e.tolist()}")

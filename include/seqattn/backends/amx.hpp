@@ -24,8 +24,10 @@
 // the kernel or the compiler lacks it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "seqattn/core/tensor.hpp"
 
@@ -41,6 +43,25 @@
 #endif
 
 namespace seqattn::amx {
+
+// bf16 bits of a finite fp32 value, rounded to nearest even.
+inline std::uint16_t round_to_bf16(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// out[r * len + c] = bf16(src[r * row_step + c * col_step]) for r < rows, c < cols; zero for c in [cols, len)
+// and for rows [rows, rows_pad): an A operand (rows of bf16, zero-padded to whole tiles) from fp32 P or dS,
+// read row- or column-wise.
+inline void bf16_rows(const float* src, std::ptrdiff_t row_step, std::ptrdiff_t col_step, index_t rows, index_t cols,
+                      index_t len, index_t rows_pad, std::uint16_t* out) {
+  for (index_t r = 0; r < rows; ++r) {
+    for (index_t c = 0; c < cols; ++c) out[r * len + c] = round_to_bf16(src[r * row_step + c * col_step]);
+    std::fill(out + r * len + cols, out + (r + 1) * len, std::uint16_t{0});
+  }
+  std::fill(out + rows * len, out + rows_pad * len, std::uint16_t{0});
+}
 
 #if SEQATTN_HAS_AMX
 

@@ -501,7 +501,7 @@ struct Bf16DotKernel {
                             kBq * sizeof(float));
       scale_rows(st.get(), kBkv, kBq, 1.0f);
       auto* pq = reinterpret_cast<std::uint16_t*>(kbuf.get());
-      pack_p_rows(st.get(), kBq, kBq, kBkv, kBkv, pq);
+      amx::bf16_rows(st.get(), 1, kBq, kBq, kBkv, kBkv, kBq, pq);
       pack_v([&](index_t j) { return v.data() + j * kd; }, 1, kBkv, kd, kd, vbuf.get());
       scale_o(o.get(), kBq, kd, alpha.get());
       amx::accumulate_pv(pq, kBkv * 2, kBq, kBkv, reinterpret_cast<const std::uint32_t*>(vbuf.get()),
@@ -653,21 +653,6 @@ struct Bf16DotKernel {
   static index_t amx_rows(index_t rows) { return (rows + 15) / 16 * 16; }
   static index_t amx_keys(index_t cols) { return (cols + kAmxKeys - 1) / kAmxKeys * kAmxKeys; }
 
-  // Pq[r][j] = bf16(St[j][r]) for r < rows, j < cols; zero for j in [cols, keys) and rows [rows, rows16).
-  static void pack_p_rows(const float* st, index_t rows, index_t rows16, index_t cols, index_t keys,
-                          std::uint16_t* pq) {
-    for (index_t r = 0; r < rows; ++r) {
-      std::uint16_t* out = pq + r * keys;
-      for (index_t j = 0; j < cols; ++j) {
-        std::uint32_t x;
-        std::memcpy(&x, st + j * kBq + r, sizeof(x));
-        out[j] = static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
-      }
-      std::fill(out + cols, out + keys, std::uint16_t{0});
-    }
-    std::fill(pq + rows * keys, pq + rows16 * keys, std::uint16_t{0});
-  }
-
   static void scale_rows(float* st, index_t cols, index_t rows_p, float scale) {
     const D d;
     const auto N = static_cast<index_t>(hn::Lanes(d));
@@ -728,7 +713,7 @@ struct Bf16DotKernel {
                     detail::TileScratch<K>& sc) const {
       const index_t keys = amx_keys(tile.cols), rows16 = amx_rows(tile.rows_padded);
       auto* pq = reinterpret_cast<std::uint16_t*>(sc.kbuf.get());
-      pack_p_rows(tile.scores, tile.rows_padded, rows16, tile.cols, keys, pq);
+      amx::bf16_rows(tile.scores, 1, kBq, tile.rows_padded, tile.cols, keys, rows16, pq);  // Pq[row][key]
       const auto v_row = [&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); };
       pack_v(v_row, p.v_strides.dim, tile.cols, p.dv, dvp, sc.vbuf.get());
       const index_t pairs = (tile.cols + 1) / 2;

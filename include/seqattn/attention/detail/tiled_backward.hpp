@@ -367,11 +367,6 @@ inline std::uint16_t bits(const bfloat16* p) {
   std::memcpy(&b, p, sizeof(b));
   return b;
 }
-inline std::uint16_t round(float x) {  // to bf16, nearest even (finite x)
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 inline index_t up(index_t n, index_t m) { return (n + m - 1) / m * m; }
 
 // out[i * stride + j] = (R_j[2i], R_j[2i+1]) for i < d/2, j < n; zero for j in [n, n_pad).
@@ -404,27 +399,6 @@ template <class Row>
 void rows(const Row& row, index_t n, index_t n_pad, index_t d, std::uint16_t* out) {
   for (index_t r = 0; r < n; ++r) std::memcpy(out + r * d, row(r), static_cast<std::size_t>(d) * sizeof(std::uint16_t));
   std::fill(out + n * d, out + n_pad * d, std::uint16_t{0});
-}
-
-// out[j * len + i] = bf16(src[i * src_stride + j]) for j < cols, i < n; zero for i in [n, len) and rows
-// [cols, cols_pad).
-inline void transposed(const float* src, index_t src_stride, index_t n, index_t cols, index_t len, index_t cols_pad,
-                       std::uint16_t* out) {
-  for (index_t j = 0; j < cols; ++j) {
-    for (index_t i = 0; i < n; ++i) out[j * len + i] = round(src[i * src_stride + j]);
-    std::fill(out + j * len + n, out + (j + 1) * len, std::uint16_t{0});
-  }
-  std::fill(out + cols * len, out + cols_pad * len, std::uint16_t{0});
-}
-
-// out[i * len + j] = bf16(src[i * src_stride + j]) for i < n, j < cols; zero for j in [cols, len), rows [n, n_pad).
-inline void rounded(const float* src, index_t src_stride, index_t n, index_t cols, index_t len, index_t n_pad,
-                    std::uint16_t* out) {
-  for (index_t i = 0; i < n; ++i) {
-    for (index_t j = 0; j < cols; ++j) out[i * len + j] = round(src[i * src_stride + j]);
-    std::fill(out + i * len + cols, out + (i + 1) * len, std::uint16_t{0});
-  }
-  std::fill(out + n * len, out + n_pad * len, std::uint16_t{0});
 }
 
 }  // namespace amx_pack
@@ -486,13 +460,13 @@ void amx_key_block(const BackwardCall<bfloat16, V>& c, const KeyTask& task, cons
     amx::matmul(do_rows, dv * kH, n16, v_by_d, kBkv * kF, cols16, dv / 32, sc.dp.get(), kBq * kF, false);  // dP
     Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
-    amx_pack::transposed(t.scores, kBq, n, cols, n32, cols16, p_t);
-    amx_pack::transposed(sc.dp.get(), kBq, n, cols, n32, cols16, ds_t);
+    amx::bf16_rows(t.scores, 1, kBq, cols, n, n32, cols16, p_t);  // P^T [key][query]
+    amx::bf16_rows(sc.dp.get(), 1, kBq, cols, n, n32, cols16, ds_t);
     amx_pack::pairs_along_rows(do_row, n, n32, dv, do_by_q);
     amx_pack::pairs_along_rows(q_row, n, n32, dk, q_by_q);
     amx::matmul(p_t, n32 * kH, cols16, do_by_q, dv * kF, dv, n32 / 32, sc.acc_v.get(), dv * kF, true);
     amx::matmul(ds_t, n32 * kH, cols16, q_by_q, dk * kF, dk, n32 / 32, sc.acc_k.get(), dk * kF, true);
-    amx_pack::rounded(sc.dp.get(), kBq, n, cols, cols32, n16, ds);
+    amx::bf16_rows(sc.dp.get(), kBq, 1, n, cols, cols32, n16, ds);  // dS [query][key]
     float* dq = dq_rows(c, task, b, h, seq.q_len, q0, n, ref.q_block);
     // Whole 16-row blocks only: rows past n belong to other tasks' tiles.
     float* target = n == n16 ? dq : ax.dq.get();

@@ -345,6 +345,34 @@ float* dq_rows(const BackwardCall<T, V>& c, const KeyTask& task, index_t b, inde
   return dq;
 }
 
+// A visit of the key pass: the q rows of `ref` as the tile's rows (their
+// query and head, LSE and D), and the ScoreTile over S[q][key].
+template <class Kernel, class T, class V>
+ScoreTile key_visit_tile(const BackwardCall<T, V>& c, BackwardScratch<Kernel>& sc, index_t b, index_t h, index_t q0,
+                         index_t n, const SequenceGeometry& seq, index_t kv0, index_t cols, index_t cols_p) {
+  for (index_t r = 0; r < n; ++r) {
+    sc.row_q[static_cast<std::size_t>(r)] = q0 + r;
+    sc.row_head[static_cast<std::size_t>(r)] = h;
+  }
+  load_row_stats(c.bp, c.w, c.delta, b, h, q0, n, n, sc.lse.get(), sc.delta.get());
+  return ScoreTile{sc.s.get(), Kernel::kBlockQ, cols,       cols_p, n, sc.row_q.data(), sc.row_head.data(), b,
+                   kv0,        seq.q_len,       seq.kv_len, true};
+}
+
+// The scaled scores of a key-pass visit through the variant and the mask
+// (the raw scores kept for a score hook's gradient). Key-major: the forward
+// tile's row bits (per query, one bit per key) are this layout's column bits
+// (little-endian words read as bytes).
+template <class Kernel, class T, class V>
+void transform_and_mask(const BackwardCall<T, V>& c, const ScoreTile& t, const QTileRef& ref, index_t q0,
+                        BackwardScratch<Kernel>& sc) {
+  if constexpr (HasScoreHook<V>) std::copy_n(t.scores, t.cols * Kernel::kBlockQ, sc.raw.get());  // cols: queries
+  transform_scores<Kernel>(c.variant, t);
+  const auto* bits =
+      ref.tile_id >= 0 ? reinterpret_cast<const std::uint8_t*>(c.bm.tile_bits(ref.tile_id).data()) : nullptr;
+  mask_tile<Kernel>(t, c.bm, ref.tile_id, bits, c.bm.words_per_row() * 8, q0);
+}
+
 // ---- The bf16 key pass on AMX tiles (backends/amx.hpp) ---------------------------
 //
 // The same five products with bf16 operands and fp32 accumulation, where the
@@ -441,22 +469,12 @@ void amx_key_block(const BackwardCall<bfloat16, V>& c, const KeyTask& task, cons
     const auto do_row = [&](index_t r) { return c.bp.dout.row(b, q0 + r, h); };
     amx_pack::rows(q_row, n, n16, dk, q_rows);
     amx_pack::rows(do_row, n, n16, dv, do_rows);
-    for (index_t r = 0; r < n; ++r) {
-      sc.row_q[static_cast<std::size_t>(r)] = q0 + r;
-      sc.row_head[static_cast<std::size_t>(r)] = h;
-    }
-    load_row_stats(c.bp, w, c.delta, b, h, q0, n, n, sc.lse.get(), sc.delta.get());
-    const ScoreTile t{sc.s.get(),         kBq, cols, cols_p,    n,          sc.row_q.data(),
-                      sc.row_head.data(), b,   kv0,  seq.q_len, seq.kv_len, true};
+    const ScoreTile t = key_visit_tile(c, sc, b, h, q0, n, seq, kv0, cols, cols_p);
     amx::matmul(q_rows, dk * kH, n16, k_by_d, kBkv * kF, cols16, dk / 32, t.scores, kBq * kF, false);  // S[q][key]
     for (index_t r = 0; r < n; ++r) {
       for (index_t j = 0; j < cols_p; ++j) t.scores[r * kBq + j] *= c.scale;
     }
-    if constexpr (HasScoreHook<V>) std::copy_n(t.scores, n * kBq, sc.raw.get());
-    transform_scores<Kernel>(c.variant, t);
-    const auto* bits =
-        ref.tile_id >= 0 ? reinterpret_cast<const std::uint8_t*>(c.bm.tile_bits(ref.tile_id).data()) : nullptr;
-    mask_tile<Kernel>(t, c.bm, ref.tile_id, bits, c.bm.words_per_row() * 8, q0);
+    transform_and_mask(c, t, ref, q0, sc);
     amx::matmul(do_rows, dv * kH, n16, v_by_d, kBkv * kF, cols16, dv / 32, sc.dp.get(), kBq * kF, false);  // dP
     Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
@@ -517,21 +535,9 @@ void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock&
     const RowsView d_o =
         rows_of<Kernel, const T>([&](index_t r) { return c.bp.dout.row(b, q0 + r, h); }, n, c.bp.dout.strides.token,
                                  c.bp.dout.strides.dim, p.dv, w.dvp, sc.do_rows.get());
-    for (index_t r = 0; r < n; ++r) {
-      sc.row_q[static_cast<std::size_t>(r)] = q0 + r;
-      sc.row_head[static_cast<std::size_t>(r)] = h;
-    }
-    load_row_stats(c.bp, w, c.delta, b, h, q0, n, n, sc.lse.get(), sc.delta.get());
-    const ScoreTile t{sc.s.get(),         kBq, cols, cols_p,    n,          sc.row_q.data(),
-                      sc.row_head.data(), b,   kv0,  seq.q_len, seq.kv_len, true};
+    const ScoreTile t = key_visit_tile(c, sc, b, h, q0, n, seq, kv0, cols, cols_p);
     Kernel::scores(sc.kt.get(), cols_p, p.dk, q.rows, q.stride, n, t.scores);  // S[q][key], scaled
-    if constexpr (HasScoreHook<V>) std::copy_n(t.scores, n * kBq, sc.raw.get());
-    transform_scores<Kernel>(c.variant, t);
-    // Key-major: the forward tile's row bits (per query, one bit per key)
-    // are this layout's column bits (little-endian words read as bytes).
-    const auto* bits =
-        ref.tile_id >= 0 ? reinterpret_cast<const std::uint8_t*>(c.bm.tile_bits(ref.tile_id).data()) : nullptr;
-    mask_tile<Kernel>(t, c.bm, ref.tile_id, bits, c.bm.words_per_row() * 8, q0);
+    transform_and_mask(c, t, ref, q0, sc);
     Kernel::scores(sc.vt.get(), cols_p, p.dv, d_o.rows, d_o.stride, n, sc.dp.get());  // dP[q][key]
     Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());

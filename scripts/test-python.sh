@@ -126,7 +126,29 @@ step "install wheel"
 # puts python/tests itself on sys.path for the shared oracles module.
 outside="$(mktemp -d)"
 trap 'rm -rf "$outside"' EXIT
-(cd "$outside" && "$py" -m pytest -q -p no:cacheprovider --rootdir="$root/python/tests" "$root/python/tests" "$@")
+# Without arguments, two pytest processes share the suite: the Pallas and tokamax files (interpret-mode kernels,
+# single-threaded XLA compiles, about half the time) beside the rest, so a 2-core CI machine runs both halves at
+# once. With arguments (a -k filter, files), one process.
+tests="$root/python/tests"
+if [[ $# -gt 0 ]]; then
+  (cd "$outside" && "$py" -m pytest -q -p no:cacheprovider --rootdir="$tests" "$tests" "$@")
+else
+  heavy=("$tests"/test_pallas_*.py "$tests"/test_tokamax.py)
+  ignore=()
+  for f in "${heavy[@]}"; do ignore+=("--ignore=$f"); done
+  (cd "$outside" && "$py" -m pytest -q -p no:cacheprovider --rootdir="$tests" "${heavy[@]}") >"$outside/heavy.log" 2>&1 &
+  heavy_pid=$!
+  rest_rc=0
+  (cd "$outside" && "$py" -m pytest -q -p no:cacheprovider --rootdir="$tests" "$tests" "${ignore[@]}") || rest_rc=$?
+  heavy_rc=0
+  wait "$heavy_pid" || heavy_rc=$?
+  echo "test-python: the Pallas and tokamax half:"
+  cat "$outside/heavy.log"
+  if ((rest_rc != 0 || heavy_rc != 0)); then
+    echo "test-python: FAILED: pytest exited with $rest_rc (the rest) and $heavy_rc (Pallas and tokamax)" >&2
+    exit 1
+  fi
+fi
 step "pytest"
 
 # The atheris fuzz target over the entry points (python/tests/fuzz), for

@@ -33,27 +33,8 @@ def host(build):
 
 
 def dense_from_kv_lists(lay, predicate=None):
-    """The [B, Hm, q_len, kv_len] mask the key-major lists describe (dense_from_layout reads the q-major ones)."""
-    s = lay.shape
-    nq, nk = s.num_q_blocks, s.num_kv_blocks
-    out = np.zeros((s.batch, s.mask_heads, nq * s.block_q, nk * s.block_kv), bool)
-    pred = np.zeros((s.batch, nq * s.block_q, nk * s.block_kv), bool)
-    if predicate is not None:
-        pred[:, : s.q_len, : s.kv_len] = predicate
-    for b in range(s.batch):
-        for h in range(s.mask_heads):
-            for kb in range(nk):
-                c = (b * s.mask_heads + h) * nk + kb
-                for e in range(lay.kv_start[c], lay.kv_start[c] + lay.kv_count[c]):
-                    qb, t = int(lay.kv_q[e]), int(lay.kv_tile[e])
-                    rows = slice(qb * s.block_q, (qb + 1) * s.block_q)
-                    cols = slice(kb * s.block_kv, (kb + 1) * s.block_kv)
-                    if t == L.FULL_TILE:
-                        out[b, h, rows, cols] = True
-                        continue
-                    m = np.ones((s.block_q, s.block_kv), bool) if t == L.PREDICATE_TILE else lay.kv_tiles[t].T != 0
-                    out[b, h, rows, cols] = m & pred[b, rows, cols] if predicate is not None else m
-    return out[:, :, : s.q_len, : s.kv_len]
+    """The mask the key-major lists describe (dense_from_layout reads the q-major ones by default)."""
+    return L.dense_from_layout(lay, predicate=predicate, key_major=True)
 
 
 def entries(lay, prefix):

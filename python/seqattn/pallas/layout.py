@@ -197,29 +197,35 @@ def layout_from_dense(allowed, *, block_q, block_kv):
     return BlockLayout(*q, *kv, shape)
 
 
-def dense_from_layout(layout, *, predicate=None):
-    """The [B, Hm, q_len, kv_len] bool mask a layout describes (host; tests). ``predicate``, when given,
-    is a [B, q_len, kv_len] bool array standing for the kernel's segment-id predicate on partial tiles."""
+def dense_from_layout(layout, *, predicate=None, key_major=False):
+    """The [B, Hm, q_len, kv_len] bool mask a layout describes (host; tests), read from its query-major lists, or
+    from its key-major ones with ``key_major``. ``predicate``, when given, is a [B, q_len, kv_len] bool array
+    standing for the kernel's segment-id predicate on partial tiles."""
     s = layout.shape
     nq, nk = s.num_q_blocks, s.num_kv_blocks
-    a = {f: np.asarray(getattr(layout, f)) for f in _Q_FIELDS}
+    names = ("kv_start", "kv_count", "kv_q", "kv_tile", "kv_tiles") if key_major else \
+        ("q_start", "q_count", "q_kv", "q_tile", "q_tiles")
+    start, count, other, tile, tiles = (np.asarray(getattr(layout, f)) for f in names)
     out = np.zeros((s.batch, s.mask_heads, nq * s.block_q, nk * s.block_kv), bool)
     pred = None
     if predicate is not None:
         pred = np.zeros((s.batch, nq * s.block_q, nk * s.block_kv), bool)
         pred[:, : s.q_len, : s.kv_len] = predicate
+    blocks = nk if key_major else nq
     for b in range(s.batch):
         for h in range(s.mask_heads):
-            for qb in range(nq):
-                r = (b * s.mask_heads + h) * nq + qb
-                for e in range(a["q_start"][r], a["q_start"][r] + a["q_count"][r]):
-                    kb, t = int(a["q_kv"][e]), int(a["q_tile"][e])
+            for blk in range(blocks):
+                r = (b * s.mask_heads + h) * blocks + blk
+                for e in range(start[r], start[r] + count[r]):
+                    qb, kb = (int(other[e]), blk) if key_major else (blk, int(other[e]))
+                    t = int(tile[e])
                     rows = slice(qb * s.block_q, (qb + 1) * s.block_q)
                     cols = slice(kb * s.block_kv, (kb + 1) * s.block_kv)
                     if t == FULL_TILE:
                         out[b, h, rows, cols] = True
                         continue
-                    m = np.ones((s.block_q, s.block_kv), bool) if t == PREDICATE_TILE else a["q_tiles"][t] != 0
+                    m = np.ones((s.block_q, s.block_kv), bool) if t == PREDICATE_TILE else \
+                        (tiles[t].T if key_major else tiles[t]) != 0
                     if pred is not None:
                         m = m & pred[b, rows, cols]
                     out[b, h, rows, cols] = m

@@ -173,11 +173,19 @@ def _logits(st, a, b):
     return st.softcap * t, t
 
 
-def _split(refs, n_prefetch, names):
+def _split(st, refs, names):
     """Names the kernel's refs: the five list arrays (and the page table) first, then ``names`` in order."""
-    rest = refs[n_prefetch:]
+    rest = refs[6 if st.pages_per_seq else 5:]
     assert len(rest) == len(names), (len(rest), names)
     return dict(zip(("start", "count", "ent", "tile", "fetch"), refs[:5])) | dict(zip(names, rest))
+
+
+def _start_row(st, r, *scratch):
+    """At a row's first grid step: the fp32 scratch ``scratch`` zeroed, and the step counter."""
+    for name in scratch:
+        r[name][...] = jnp.zeros(r[name].shape, jnp.float32)
+    if st.count_steps:
+        r["steps"][...] = jnp.zeros(r["steps"].shape, jnp.int32)
 
 
 def _dispatch(st, r, live, tile, step):
@@ -228,10 +236,9 @@ def _predicate_values(r, q_col):
 
 
 def _fwd_kernel(st, *refs):
-    n_prefetch = 6 if st.pages_per_seq else 5
     names = ["q", "k", "v", "bits"] + _optional_names(st) + (["sinks"] if st.has_sinks else [])
     names += ["o", "lse"] + (["steps"] if st.count_steps else []) + ["m", "l", "acc"]
-    r = _split(refs, n_prefetch, names)
+    r = _split(st, refs, names)
     b, h, qi, j = (pl.program_id(i) for i in range(4))
     e, n = _entry(r["start"], r["count"], _q_row(st, b, h, qi), j)
     tile, kb = r["tile"][e], r["ent"][e]
@@ -239,10 +246,7 @@ def _fwd_kernel(st, *refs):
     @pl.when(j == 0)
     def _init():
         r["m"][...] = jnp.full(r["m"].shape, -jnp.inf, jnp.float32)
-        r["l"][...] = jnp.zeros(r["l"].shape, jnp.float32)
-        r["acc"][...] = jnp.zeros(r["acc"].shape, jnp.float32)
-        if st.count_steps:
-            r["steps"][...] = jnp.zeros(r["steps"].shape, jnp.int32)
+        _start_row(st, r, "l", "acc")
 
     def step(partial):
         v = r["v"][...]
@@ -292,19 +296,16 @@ def _fwd_kernel(st, *refs):
 
 
 def _dq_kernel(st, *refs):
-    n_prefetch = 6 if st.pages_per_seq else 5
     names = ["q", "k", "v", "bits"] + _optional_names(st) + ["lse", "delta", "do", "dq"]
     names += (["steps"] if st.count_steps else []) + ["acc"]
-    r = _split(refs, n_prefetch, names)
+    r = _split(st, refs, names)
     b, h, qi, j = (pl.program_id(i) for i in range(4))
     e, n = _entry(r["start"], r["count"], _q_row(st, b, h, qi), j)
     tile, kb = r["tile"][e], r["ent"][e]
 
     @pl.when(j == 0)
     def _init():
-        r["acc"][...] = jnp.zeros(r["acc"].shape, jnp.float32)
-        if st.count_steps:
-            r["steps"][...] = jnp.zeros(r["steps"].shape, jnp.int32)
+        _start_row(st, r, "acc")
 
     def step(partial):
         k = r["k"][...]
@@ -343,10 +344,9 @@ def _dq_kernel(st, *refs):
 
 
 def _dkv_kernel(st, *refs):
-    n_prefetch = 6 if st.pages_per_seq else 5
     names = ["q", "k", "v", "bits"] + _optional_names(st) + ["lse", "delta", "do", "dk", "dv"]
     names += (["steps"] if st.count_steps else []) + ["dk_acc", "dv_acc"]
-    r = _split(refs, n_prefetch, names)
+    r = _split(st, refs, names)
     b, hkv, kb, j = (pl.program_id(i) for i in range(4))
     h, jj = _kv_head_step(st, hkv, j)
     e, n = _entry(r["start"], r["count"], _kv_row(st, b, h, kb), jj)
@@ -354,10 +354,7 @@ def _dkv_kernel(st, *refs):
 
     @pl.when(j == 0)
     def _init():
-        r["dk_acc"][...] = jnp.zeros(r["dk_acc"].shape, jnp.float32)
-        r["dv_acc"][...] = jnp.zeros(r["dv_acc"].shape, jnp.float32)
-        if st.count_steps:
-            r["steps"][...] = jnp.zeros(r["steps"].shape, jnp.int32)
+        _start_row(st, r, "dk_acc", "dv_acc")
 
     def step(partial):
         q, do = r["q"][...], r["do"][...]

@@ -561,13 +561,16 @@ void query_task(const BackwardCall<T, V>& c, const QueryTask& task, index_t bloc
   const index_t b = task.sequence, h = task.head, q0 = task.q_block * block_q;
   const index_t n = std::min(block_q, seq.q_len - q0), slot = w.q_block_slot(b, h, task.q_block);
   const index_t row = w.row_base[static_cast<std::size_t>(b)] + h * seq.q_len + q0;
+  const float* shares[kMaxDqCopies];  // the touched copies' rows of this q-tile, in the order of the copies
+  index_t touched = 0;
+  for (index_t copy = 0; copy < w.dq_copies; ++copy) {
+    if (c.dq.flag(copy, slot)) shares[touched++] = c.dq.at(copy, row);
+  }
   for (index_t r = 0; r < n; ++r) {
     T* out = c.bp.dq.row(b, q0 + r, h);
     for (index_t e = 0; e < p.dk; ++e) {
       float sum = 0.0f;
-      for (index_t copy = 0; copy < w.dq_copies; ++copy) {
-        if (c.dq.flag(copy, slot)) sum += c.dq.at(copy, row + r)[e];
-      }
+      for (index_t i = 0; i < touched; ++i) sum += shares[i][r * w.dkp + e];
       out[e * c.bp.dq.strides.dim] = from_float<T>(sum * c.scale);
     }
   }

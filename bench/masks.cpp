@@ -21,6 +21,16 @@
 //    (O(t·k) writes only), vs broadcast-compare (O(t·k·s)), which runs on 8
 //    rows and is extrapolated to t=4096 (`extrapolated_s`); it reports
 //    `speedup_scatter` against a scatter of the same rows timed in-process.
+// 3. What a training step's new segment ids cost per call (issue 23): 16
+//    documents of random lengths in 8192 tokens, 4 heads, causal inside each,
+//    the CPU engine's 64x64 tiles (backends::Scalar: the planning code every
+//    CPU backend shares), forward and backward work:
+//      BM_DocumentPlanPerCall   plan_attention of the document mask over the
+//                               ids (what a call with new ids planned before)
+//      BM_SegmentIdsPerCall     parse the ids (SegmentIds) and refine the
+//                               plan of the static causal mask, made once
+//                               (what the engine does per call now)
+//      BM_SegmentIdsParseOnly   what both pay: drawing and parsing the ids
 #include "seqattn/masks.hpp"
 
 #include <algorithm>
@@ -33,6 +43,9 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
+
+#include "seqattn/attention/detail/tiled_backward.hpp"
+#include "seqattn/backends/scalar.hpp"
 
 #include "support/bench_main.hpp"
 
@@ -236,6 +249,81 @@ BENCHMARK(BM_TopKScatter)->Arg(64)->Arg(kTopT)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TopKScatterInto)->Arg(kTopT)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TopKRescatter)->Arg(kTopT)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_TopKBroadcastCompare)->Arg(8)->Unit(benchmark::kMillisecond)->Iterations(1);
+
+// ---- 3. Segment ids per call ---------------------------------------------------
+
+constexpr index_t kStepTokens = 8192, kStepHeads = 4, kStepDocs = 16;
+
+std::vector<std::int32_t> step_ids(std::mt19937& rng) {
+  std::vector<index_t> cuts(static_cast<std::size_t>(kStepTokens / 64 - 1));
+  std::iota(cuts.begin(), cuts.end(), 1);
+  std::shuffle(cuts.begin(), cuts.end(), rng);
+  cuts.resize(kStepDocs - 1);
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(kStepTokens));
+  std::size_t doc = 0;
+  for (index_t t = 0; t < kStepTokens; ++t) {
+    while (doc < cuts.size() && t >= cuts[doc] * 64) ++doc;
+    ids[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(doc + 1);
+  }
+  return ids;
+}
+
+AttentionShape step_shape() {
+  AttentionShape shape;
+  shape.lengths = RaggedLengths::uniform(1, kStepTokens, kStepTokens);
+  shape.heads = shape.kv_heads = kStepHeads;
+  shape.dk = shape.dv = 64;
+  return shape;
+}
+
+void BM_DocumentPlanPerCall(benchmark::State& state) {
+  std::mt19937 rng(1);
+  const AttentionShape shape = step_shape();
+  PlanOptions options;
+  options.backward = true;
+  for (auto _ : state) {
+    const std::vector<std::int32_t> ids = step_ids(rng);
+    const DocumentLayout layout =
+        DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), Extents{1, kStepTokens}));
+    const auto plan = plan_attention<backends::Scalar>(shape, document_mask(layout, CausalMask{}), options, 2);
+    benchmark::DoNotOptimize(plan.work().forward.tiles.data());
+  }
+}
+
+void BM_SegmentIdsPerCall(benchmark::State& state) {
+  std::mt19937 rng(1);
+  const AttentionShape shape = step_shape();
+  PlanOptions options;
+  options.backward = true;
+  const auto plan = plan_attention<backends::Scalar>(shape, CausalMask{}, options, 2);
+  using Kernel = backends::Scalar::Kernel;
+  for (auto _ : state) {
+    const std::vector<std::int32_t> raw = step_ids(rng);
+    const SegmentIds ids =
+        SegmentIds::from_segment_ids(TensorView<const std::int32_t>(raw.data(), Extents{1, kStepTokens}));
+    const detail::SegmentTiles tiles(ids, Kernel::kBlockQ, Kernel::kBlockKv);
+    const detail::TiledWork fwd = detail::refine_tiled_work(plan.work().forward, tiles);
+    const detail::TiledBackwardWork bwd = detail::refine_backward_work(*plan.work().backward, tiles);
+    benchmark::DoNotOptimize(fwd.tiles.data());
+    benchmark::DoNotOptimize(bwd.q_refs.data());
+  }
+}
+
+// What both of the above pay: drawing the ids and parsing them into runs.
+void BM_SegmentIdsParseOnly(benchmark::State& state) {
+  std::mt19937 rng(1);
+  for (auto _ : state) {
+    const std::vector<std::int32_t> raw = step_ids(rng);
+    const SegmentIds ids =
+        SegmentIds::from_segment_ids(TensorView<const std::int32_t>(raw.data(), Extents{1, kStepTokens}));
+    benchmark::DoNotOptimize(ids.q_keys(0).data());
+  }
+}
+
+BENCHMARK(BM_SegmentIdsParseOnly)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DocumentPlanPerCall)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SegmentIdsPerCall)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -3,8 +3,10 @@
 8 layers x 20 steps of attention, forward and backward (jax.value_and_grad of one jitted step), B = 1,
 8192 tokens, 4 heads, d = 64, fp32, `--threads` threads, in two settings:
   documents  16 packed documents of random lengths, new each step (new traced segment ids), causal
-             inside each document: the document mask over each step's ids, planned once per step and
-             pass and shared by the layers;
+             inside each document: the causal plan (made once) refined by each call's ids (the
+             segment-id operand: parsed and applied per call, bench/masks.cpp BM_SegmentIdsPerCall
+             times that); before the operand, the document mask over each step's ids was planned
+             once per step and pass and shared by the layers;
   static     a static mask (causal, 256-token window) and no segment ids: planned once per (mask,
              shape, pass) for the whole loop.
 The XLA handlers keep the plans (python/src/jax_ffi.cpp, call_plan); before they did, every call

@@ -138,6 +138,7 @@ struct Dispatched {
   static const char* name() { return "Dispatched"; }
   static BlockShape block_shape() { return dispatch::attention_block_shape(); }
   static Support supports(const AttentionShape&) { return {}; }
+  static constexpr bool kSegmentIds = true;  // the CPU engine's (backends/cpu_tiled.hpp), per target
   static Work plan_work(const AttentionShape& shape, const BlockMask& mask, const PlanOptions& options, int workers) {
     return dispatch::plan_work(shape, mask, options, workers);
   }

@@ -17,6 +17,16 @@ threads) depends only on the mask and the shapes: ``plan(q, k, v, mask)``
 does it once, and ``attention(q, k, v, plan=p)`` runs it on any inputs of
 those shapes. ``attention(q, k, v, mask)`` plans and runs in one call.
 
+BSHD segment ids are an operand of a call, beside q, k and v:
+``attention(q, k, v, plan=p, segment_ids=ids)`` runs the plan of the static
+mask with this call's ids, which drop the tiles between documents and mask
+the tiles that straddle one (no planning per call), wherever that is the
+document mask of the ids: masks that depend on kv - q alone (full, causal,
+sliding window and and / or / not of them) and self-attention ids. Other
+masks (prefix-LM, chunked causal, ...) see a document's local positions, so
+such a call plans the document mask of its ids. ``plan(..., segment_ids=ids)``
+plans the document mask of fixed ids once.
+
 Storage is float32 or bfloat16 (``ml_dtypes.bfloat16``); accumulation is fp32.
 A row whose mask allows no key gets out 0 and lse -inf (where a softmax over
 only masked logits would give the mean of v or NaN).
@@ -94,10 +104,11 @@ class Plan:
     ``attention_backward`` can run it.
     """
 
-    __slots__ = ("_plan",)
+    __slots__ = ("_plan", "_holds_ids")
 
-    def __init__(self, core_plan):
+    def __init__(self, core_plan, holds_ids=False):
         self._plan = core_plan
+        self._holds_ids = holds_ids
 
     @property
     def backward(self):
@@ -123,7 +134,10 @@ def _make_plan(who, q, k, v, mask, segment_ids, positions, kv_segment_ids, kv_po
         from .masks import DocumentMask
 
         mask = DocumentMask(segment_ids, positions, mask, kv_segment_ids=kv_segment_ids, kv_segment_pos=kv_positions)
-    return Plan(_core._plan(q_shape, k_shape, v_shape, mask, table, bool(backward), check_threads(threads)))
+        holds_ids = True
+    else:
+        holds_ids = False
+    return Plan(_core._plan(q_shape, k_shape, v_shape, mask, table, bool(backward), check_threads(threads)), holds_ids)
 
 
 def plan(q, k, v, mask=None, *, segment_ids=None, positions=None, kv_segment_ids=None, kv_positions=None,
@@ -139,17 +153,34 @@ def plan(q, k, v, mask=None, *, segment_ids=None, positions=None, kv_segment_ids
                       cu_seqlens_kv, segments, backward, threads)
 
 
+_ID_NAMES = ("segment_ids", "positions", "kv_segment_ids", "kv_positions")
+
+
 def _planned(who, q, k, v, mask, described, plan, backward, threads):
-    """The plan of a call: the one given (then nothing else may describe the mask), or a new one."""
+    """The plan of a call and its BSHD segment-id operand (a dict of int32 arrays, empty without ids).
+
+    The plan given (then nothing else may describe the mask, and ids only if it holds none), or a new one; BSHD
+    ids go with the call (see the module's doc), THD ones describe the segments and are planned.
+    """
+    ids = dict(zip(_ID_NAMES, described[:4]))
+    operand = {}
+    if np.ndim(q) == 4 and ids["segment_ids"] is not None:
+        operand = {name: None if x is None else as_int32(x, name) for name, x in ids.items()}
+        described = (None,) * 4 + tuple(described[4:])
+    elif np.ndim(q) == 4 and any(x is not None for x in ids.values()):
+        raise ValueError(f"{who}: positions given without segment_ids")
     if plan is None:
-        return _make_plan(who, q, k, v, mask, *described, backward=backward, threads=threads)
+        return _make_plan(who, q, k, v, mask, *described, backward=backward, threads=threads), operand
     if not isinstance(plan, Plan):
         raise ValueError(f"{who}: plan must be a seqattn.Plan (from seqattn.plan), got {type(plan).__name__}")
-    names = ("segment_ids", "positions", "kv_segment_ids", "kv_positions", "cu_seqlens", "cu_seqlens_kv", "segments")
+    names = _ID_NAMES + ("cu_seqlens", "cu_seqlens_kv", "segments")
     given = [n for n, x in zip(("mask",) + names, (mask,) + tuple(described)) if x is not None]
     if given:
         raise ValueError(f"{who}: the plan already holds the mask and the segments; got {', '.join(given)} as well")
-    return plan
+    if operand and plan._holds_ids:
+        raise ValueError(f"{who}: the plan already holds segment ids (seqattn.plan(..., segment_ids=)); "
+                         "plan the mask alone to give ids per call")
+    return plan, operand
 
 
 def _arrays(who, q, k, v):
@@ -189,16 +220,18 @@ def attention(q, k, v, mask=None, *, segment_ids=None, positions=None, kv_segmen
     ``sinks``: one logit per query head (gpt-oss). ``threads``: None or 0 for
     every hardware thread (with a plan: None runs on the plan's threads).
     ``plan``: a :class:`Plan` from :func:`plan` for these shapes, which then
-    holds the mask and the segments. The GIL is released while the engine runs.
+    holds the mask (and THD segments); BSHD ``segment_ids`` / ``positions``
+    may still go with each call (the module's doc says how they refine the
+    plan). The GIL is released while the engine runs.
     """
     described = (segment_ids, positions, kv_segment_ids, kv_positions, cu_seqlens, cu_seqlens_kv, segments)
     q, k, v, kind = _arrays("attention", q, k, v)
-    p = _planned("attention", q, k, v, mask, described, plan, False, threads)
+    p, ids = _planned("attention", q, k, v, mask, described, plan, False, threads)
     scale, softcap, threads = _scalars(scale, softcap, threads)
     if sinks is not None:
         sinks = np.ascontiguousarray(np.asarray(sinks, dtype=np.float32))
     fn = _core.attention_forward_bf16 if kind == "bf16" else _core.attention_forward_f32
-    out, lse = fn(q, k, v, p._plan, scale, softcap, sinks, threads)
+    out, lse = fn(q, k, v, p._plan, scale, softcap, sinks, threads, **ids)
     return _to_dtype(out, kind), lse
 
 
@@ -219,8 +252,8 @@ def attention_backward(q, k, v, out, lse, dout, mask=None, *, segment_ids=None, 
     lse = np.asarray(lse)
     if lse.dtype != np.float32:
         raise ValueError(f"attention_backward: lse must be float32, got {lse.dtype}")
-    p = _planned("attention_backward", q, k, v, mask, described, plan, True, threads)
+    p, ids = _planned("attention_backward", q, k, v, mask, described, plan, True, threads)
     scale, softcap, threads = _scalars(scale, softcap, threads)
     fn = _core.attention_backward_bf16 if kind == "bf16" else _core.attention_backward_f32
-    dq, dk, dv = fn(q, k, v, out, lse, dout, p._plan, scale, softcap, threads)
+    dq, dk, dv = fn(q, k, v, out, lse, dout, p._plan, scale, softcap, threads, **ids)
     return _to_dtype(dq, kind), _to_dtype(dk, kind), _to_dtype(dv, kind)

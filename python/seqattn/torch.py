@@ -210,11 +210,7 @@ def _call(q, k, v, ids, handle, backward, threads):
     obj = _objects.get(handle) if handle else None
     if isinstance(obj, Plan):
         return {"plan": obj}
-    segment_ids, kv_segment_ids, positions, kv_positions = (_ids(t) for t in ids)
-    if segment_ids is not None:  # a document mask over this call's ids: planned per call
-        return {"mask": obj, "segment_ids": segment_ids, "kv_segment_ids": kv_segment_ids, "positions": positions,
-                "kv_positions": kv_positions}
-    # A static mask: planned once per call shape.
+    # The mask planned once per call shape; segment ids go with each call, refining that plan (seqattn.attention).
     key = (handle, tuple(q.shape), tuple(k.shape), tuple(v.shape), backward, threads)
     p = _plans.get(key)
     if p is None:
@@ -222,7 +218,11 @@ def _call(q, k, v, ids, handle, backward, threads):
         if len(_plans) >= _MAX_CACHED_PLANS:
             _plans.pop(next(iter(_plans)))
         _plans[key] = p
-    return {"plan": p}
+    segment_ids, kv_segment_ids, positions, kv_positions = (_ids(t) for t in ids)
+    if segment_ids is None:
+        return {"plan": p}
+    return {"plan": p, "segment_ids": segment_ids, "kv_segment_ids": kv_segment_ids, "positions": positions,
+            "kv_positions": kv_positions}
 
 
 @torch.library.custom_op("seqattn::attention_forward", mutates_args=(), device_types="cpu")
@@ -362,10 +362,12 @@ def attention(q, k, v, mask=None, *, segment_ids=None, kv_segment_ids=None, posi
     not differentiated). Gradients reach q, k, v and ``sinks`` through the engine's deterministic backward.
 
     ``mask``: any seqattn.Mask (default full); ``segment_ids`` ``[B, S]`` (integer tensor, 0 = padding; and
-    ``kv_segment_ids`` ``[B, S_kv]``, ``positions``, ``kv_positions``) add a document mask around it, planned
-    per call from the ids: they are tensors, so ``torch.compile`` traces them and new ids of the same shape
+    ``kv_segment_ids`` ``[B, S_kv]``, ``positions``, ``kv_positions``) add a document mask around it: the
+    mask is planned once per call shape and cached, and each call's ids refine that plan (seqattn.attention's
+    segment-id operand; masks that know where a sequence starts, such as prefix-LM, plan the document mask of
+    each call's ids instead). Ids are tensors, so ``torch.compile`` traces them and new ids of the same shape
     run the same graph. ``plan``: a plan from :func:`plan` (or ``seqattn.plan`` on BSHD shapes), holding the
-    mask; a mask without ids is planned once per call shape and cached. Masks and plans reach the op as
+    mask. Masks and plans reach the op as
     integer handles: each distinct object is registered once and kept for the life of the process (as in
     seqattn.jax; masks without data of their own, such as causal or a window, by their description), so make
     masks that hold data once, outside the step (torch.compile cannot construct one while tracing), and pass

@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "seqattn/attention/segment_ids.hpp"
 #include "seqattn/dispatch.hpp"
 #include "seqattn/masks/document.hpp"
 
@@ -43,6 +44,14 @@ std::shared_ptr<const EnginePlan> plan_engine(const AttentionShape& shape, const
   PlanOptions options;
   options.backward = backward;
   return std::make_shared<const EnginePlan>(plan_attention<backends::Dispatched>(shape, mask, options, threads));
+}
+
+CallPlan plan_with_segment_ids(std::shared_ptr<const EnginePlan> static_plan, const AnyMask& mask,
+                               std::shared_ptr<const SegmentIds> ids, const PlanDocument& plan_document) {
+  const AttentionShape& shape = static_plan->shape();
+  ids->require_fits(shape, "attention");
+  if (ids->same_as_document_mask(mask, shape)) return {std::move(static_plan), std::move(ids)};
+  return {plan_document(AnyMask(document_mask(ids->layout(), mask), ids->shared_layout())), nullptr};
 }
 
 namespace {
@@ -141,10 +150,12 @@ Segments segments_from_ids(const CpuArray<std::int32_t>& q_ids, const std::optio
 }
 
 // seqattn._core._Plan: the engine's plan for one call shape, with the THD
-// segment table it was made for (BSHD: none). Its BlockMask keeps the mask,
-// and what the mask owns, alive.
+// segment table it was made for (BSHD: none) and the mask it was made for
+// (BSHD segment ids of a call refine it: plan_with_segment_ids). Its
+// BlockMask keeps the mask, and what the mask owns, alive.
 struct PyPlan {
   std::shared_ptr<const EnginePlan> plan;
+  AnyMask mask;
   std::optional<Segments> segments;
   int threads = 1;
 
@@ -177,9 +188,9 @@ PyPlan make_plan(const std::vector<std::int64_t>& q, const std::vector<std::int6
   const AttentionShape shape = shape_of(AttentionInputs<float>{shape_probe(extents_of(q)), shape_probe(extents_of(k)),
                                                                shape_probe(extents_of(v)), p.thd() ? &table : nullptr});
   p.threads = resolve_threads(threads);
-  const AnyMask any = mask.is_none() ? AnyMask() : mask_from_python(mask);
+  p.mask = mask.is_none() ? AnyMask() : mask_from_python(mask);
   nb::gil_scoped_release release;
-  p.plan = plan_engine(shape, any, backward, p.threads);
+  p.plan = plan_engine(shape, p.mask, backward, p.threads);
   return p;
 }
 
@@ -226,22 +237,51 @@ Extents lse_extents(TensorView<const T> q, bool thd) {
   return thd ? Extents{q.extent(1), q.extent(0)} : Extents{q.extent(0), q.extent(2), q.extent(1)};
 }
 
+// A BSHD call's segment ids ([B, S] int32, the key side and positions
+// optional), as seqattn.attention passes them.
+struct IdArrays {
+  std::optional<CpuArray<std::int32_t>> segment_ids, kv_segment_ids, positions, kv_positions;
+  bool given() const { return segment_ids.has_value(); }
+};
+
 // The inputs of a planned call, checked against the plan (the layout, then
-// the shape it was made for) before anything is allocated.
+// the shape it was made for) before anything is allocated, and the plan that
+// runs it: the plan itself, with the call's segment ids as its operand where
+// that is their document mask, else a plan of that document mask made now.
 template <class T>
-AttentionInputs<T> planned_inputs(const PyPlan& plan, const SegmentTable& table, TensorView<const T> q,
-                                  TensorView<const T> k, TensorView<const T> v, const char* who) {
+struct PlannedCall {
+  AttentionInputs<T> in;
+  CallPlan run;
+};
+
+template <class T>
+PlannedCall<T> planned_call(const PyPlan& plan, const SegmentTable& table, TensorView<const T> q, TensorView<const T> k,
+                            TensorView<const T> v, const IdArrays& ids, const char* who) {
   const int rank = plan.thd() ? 3 : 4;
   detail::require(q.rank() == rank, who, ": the plan was made for the ", plan.thd() ? "THD" : "BSHD",
                   " layout (q of rank ", rank, "), got q of shape ", q.shape());
-  const AttentionInputs<T> in{q, k, v, plan.thd() ? &table : nullptr};
-  plan.plan->require_shape(shape_of(in), who);
-  return in;
+  PlannedCall<T> c{{q, k, v, plan.thd() ? &table : nullptr}, {plan.plan, nullptr}};
+  plan.plan->require_shape(shape_of(c.in), who);
+  if (!ids.given()) return c;
+  detail::require(!plan.thd(), who, ": segment_ids of a THD call describe its segments and are planned with it");
+  const auto view = [](const std::optional<CpuArray<std::int32_t>>& a, const char* name) {
+    return a ? view_of(*a, name) : TensorView<const std::int32_t>{};
+  };
+  auto parsed = std::make_shared<const SegmentIds>(
+      SegmentIds::from_segment_ids(view(ids.segment_ids, "segment_ids"), view(ids.kv_segment_ids, "kv_segment_ids"),
+                                   view(ids.positions, "positions"), view(ids.kv_positions, "kv_positions")));
+  const bool backward = plan.backward();
+  c.run = plan_with_segment_ids(plan.plan, plan.mask, std::move(parsed), [&](const AnyMask& document) {
+    return plan_engine(plan.plan->shape(), document, backward, plan.threads);
+  });
+  c.in.segment_ids = c.run.ids.get();
+  return c;
 }
 
 template <class Py>
 auto forward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>& v, const PyPlan& plan, float scale,
-                float softcap, const std::optional<CpuArray<float>>& sinks, std::optional<std::int64_t> threads) {
+                float softcap, const std::optional<CpuArray<float>>& sinks, std::optional<std::int64_t> threads,
+                const IdArrays& ids) {
   using T = Engine<Py>;
   const auto qv = engine_view(q, "q"), kv = engine_view(k, "k"), vv = engine_view(v, "v");
   const SegmentTable table = plan.thd() ? plan.segments->table.view() : SegmentTable{};
@@ -252,11 +292,11 @@ auto forward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>
     nb::gil_scoped_release release;
     // Outputs are allocated only once the inputs, the plan and the options
     // have passed every check: a bad call fails at once, whatever its size.
-    const AttentionInputs<T> in = planned_inputs(plan, table, qv, kv, vv, "attention");
+    const PlannedCall<T> call = planned_call(plan, table, qv, kv, vv, ids, "attention");
     check_run_options(options, plan.plan->shape());
     out = allocate_result("attention: out", out_extents(qv, vv), T{});
     lse = allocate_result("attention: lse", lse_extents(qv, plan.thd()), -std::numeric_limits<float>::infinity());
-    run_forward(*plan.plan, options, in, out.view(), lse.view());
+    run_forward(*call.run.plan, options, call.in, out.view(), lse.view());
   }
   const Extents shape = out.shape();
   return std::make_pair(to_numpy<Py>(std::move(out), shape), to_numpy(std::move(lse)));
@@ -265,7 +305,7 @@ auto forward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>
 template <class Py>
 auto backward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>& v, const CpuArray<Py>& out,
                  const CpuArray<float>& lse, const CpuArray<Py>& dout, const PyPlan& plan, float scale, float softcap,
-                 std::optional<std::int64_t> threads) {
+                 std::optional<std::int64_t> threads, const IdArrays& ids) {
   using T = Engine<Py>;
   const auto qv = engine_view(q, "q"), kv = engine_view(k, "k"), vv = engine_view(v, "v");
   const auto outv = engine_view(out, "out"), doutv = engine_view(dout, "dout");
@@ -275,10 +315,10 @@ auto backward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py
   Tensor<T> dq, dk, dv;
   {
     nb::gil_scoped_release release;
-    const AttentionInputs<T> in = planned_inputs(plan, table, qv, kv, vv, "attention_backward");
     detail::require(plan.backward(),
                     "attention_backward: the plan was made for the forward pass only; make it with "
                     "seqattn.plan(..., backward=True)");
+    const PlannedCall<T> call = planned_call(plan, table, qv, kv, vv, ids, "attention_backward");
     check_run_options(options, plan.plan->shape());
     // The engine's own checks of out, lse and dout (same names and
     // messages), done here so that they too come before the allocations.
@@ -288,21 +328,44 @@ auto backward_py(const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py
     dq = allocate_result("attention_backward: dq", qv.shape(), T{});
     dk = allocate_result("attention_backward: dk", kv.shape(), T{});
     dv = allocate_result("attention_backward: dv", vv.shape(), T{});
-    run_backward(*plan.plan, options, in, outv, lsev, doutv, dq.view(), dk.view(), dv.view());
+    run_backward(*call.run.plan, options, call.in, outv, lsev, doutv, dq.view(), dk.view(), dv.view());
   }
   const Extents sq = dq.shape(), sk = dk.shape(), sv = dv.shape();
   return std::make_tuple(to_numpy<Py>(std::move(dq), sq), to_numpy<Py>(std::move(dk), sk),
                          to_numpy<Py>(std::move(dv), sv));
 }
 
+using IdArg = std::optional<CpuArray<std::int32_t>>;
+
 template <class Py>
 void def_attention(nb::module_& m, const char* suffix) {
   const std::string fwd = std::string("attention_forward_") + suffix;
   const std::string bwd = std::string("attention_backward_") + suffix;
-  m.def(fwd.c_str(), &forward_py<Py>, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("plan"), nb::arg("scale"),
-        nb::arg("softcap"), nb::arg("sinks").none(), nb::arg("threads").none());
-  m.def(bwd.c_str(), &backward_py<Py>, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-        nb::arg("dout"), nb::arg("plan"), nb::arg("scale"), nb::arg("softcap"), nb::arg("threads").none());
+  m.def(
+      fwd.c_str(),
+      [](const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>& v, const PyPlan& plan, float scale,
+         float softcap, const std::optional<CpuArray<float>>& sinks, std::optional<std::int64_t> threads,
+         const IdArg& segment_ids, const IdArg& kv_segment_ids, const IdArg& positions, const IdArg& kv_positions) {
+        return forward_py<Py>(q, k, v, plan, scale, softcap, sinks, threads,
+                              {segment_ids, kv_segment_ids, positions, kv_positions});
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("plan"), nb::arg("scale"), nb::arg("softcap"),
+      nb::arg("sinks").none(), nb::arg("threads").none(), nb::arg("segment_ids").none() = nb::none(),
+      nb::arg("kv_segment_ids").none() = nb::none(), nb::arg("positions").none() = nb::none(),
+      nb::arg("kv_positions").none() = nb::none());
+  m.def(
+      bwd.c_str(),
+      [](const CpuArray<Py>& q, const CpuArray<Py>& k, const CpuArray<Py>& v, const CpuArray<Py>& out,
+         const CpuArray<float>& lse, const CpuArray<Py>& dout, const PyPlan& plan, float scale, float softcap,
+         std::optional<std::int64_t> threads, const IdArg& segment_ids, const IdArg& kv_segment_ids,
+         const IdArg& positions, const IdArg& kv_positions) {
+        return backward_py<Py>(q, k, v, out, lse, dout, plan, scale, softcap, threads,
+                               {segment_ids, kv_segment_ids, positions, kv_positions});
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dout"), nb::arg("plan"),
+      nb::arg("scale"), nb::arg("softcap"), nb::arg("threads").none(), nb::arg("segment_ids").none() = nb::none(),
+      nb::arg("kv_segment_ids").none() = nb::none(), nb::arg("positions").none() = nb::none(),
+      nb::arg("kv_positions").none() = nb::none());
 }
 
 // [..., S, H, D] -> [prod(...), S, H, D], as the XLA FFI handlers fold the

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <nanobind/nanobind.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "seqattn/attention/plan.hpp"
+#include "seqattn/attention/segment_ids.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/segments.hpp"
 #include "seqattn/core/tensor.hpp"
@@ -171,6 +173,19 @@ int resolve_threads(std::int64_t threads);
 // reads must outlive the plan). Releases nothing: callers hold no GIL here.
 std::shared_ptr<const EnginePlan> plan_engine(const AttentionShape& shape, const AnyMask& mask, bool backward,
                                               int threads);
+
+// The plan a call with BSHD segment ids runs and the ids' operand: `static_plan`
+// (made for `mask` alone) with the ids as its operand where that is the
+// document mask over them (SegmentIds::same_as_document_mask: masks that
+// depend on kv - q alone, self-attention ids), else the plan `plan_document`
+// makes of that document mask (ids then null: the plan holds them).
+struct CallPlan {
+  std::shared_ptr<const EnginePlan> plan;
+  std::shared_ptr<const SegmentIds> ids;
+};
+using PlanDocument = std::function<std::shared_ptr<const EnginePlan>(const AnyMask& document)>;
+CallPlan plan_with_segment_ids(std::shared_ptr<const EnginePlan> static_plan, const AnyMask& mask,
+                               std::shared_ptr<const SegmentIds> ids, const PlanDocument& plan_document);
 
 // How a planned call runs: the score variant's scalars and the threads
 // (pools are cached per thread count).

@@ -4,8 +4,10 @@
 // Python mask is registered once (register_ffi_mask) and the call carries its
 // index as the static attribute `mask_id`. Segment ids and positions are
 // operands (traced arrays); a zero-size operand means "not given". Plans are
-// cached per (mask, shape, pass, threads, segment ids), so a jitted step plans
-// each distinct call once (call_plan).
+// cached per (mask, shape, pass, threads), and a call's segment ids refine
+// the static plan as its operand (plans of document masks over ids, cached
+// per ids, only where the mask knows where a sequence starts), so a jitted
+// step plans each distinct call once (call_plan).
 //
 // Layout: BSHD with any number of leading dims folded into the batch, which
 // is what vmap with vmap_method="broadcast_all" hands over: q [..., S, H, D],
@@ -172,27 +174,29 @@ class PlanCache {
 };
 
 // The plan of one call. Static masks: a few shapes at a time are kept (a
-// model calls attention with a handful). With segment ids, the document
-// mask over them, owning its layout; their own cache, so that new ids every
-// step do not push the static plans out (a step needs two: forward and
-// backward).
-std::shared_ptr<const EnginePlan> call_plan(std::int64_t mask_id, const AttentionShape& shape, bool backward,
-                                            int threads, ffi::Buffer<ffi::S32> q_ids, ffi::Buffer<ffi::S32> kv_ids,
-                                            ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos) {
+// model calls attention with a handful). With segment ids: the static plan
+// with the ids as its operand where that is their document mask
+// (plan_with_segment_ids), so new ids every step plan nothing; else the
+// document mask over them, owning its layout, in a cache of its own so that
+// new ids every step do not push the static plans out (a step needs two:
+// forward and backward).
+CallPlan call_plan(std::int64_t mask_id, const AttentionShape& shape, bool backward, int threads,
+                   ffi::Buffer<ffi::S32> q_ids, ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos,
+                   ffi::Buffer<ffi::S32> kv_pos) {
   static auto* static_plans = new PlanCache(32);  // never destroyed, like the registry
   static auto* id_plans = new PlanCache(4);
+  const AnyMask& mask = registered_mask(mask_id);
+  auto static_plan = static_plans->get(PlanKey{mask_id, backward, threads, shape, {}},
+                                       [&] { return plan_engine(shape, mask, backward, threads); });
   const auto qi = ids_view(q_ids, "q_segment_ids");
-  if (qi.rank() == 0) {
-    return static_plans->get(PlanKey{mask_id, backward, threads, shape, {}},
-                             [&] { return plan_engine(shape, registered_mask(mask_id), backward, threads); });
-  }
-  return id_plans->get(PlanKey{mask_id, backward, threads, shape, id_operands({q_ids, kv_ids, q_pos, kv_pos})}, [&] {
-    const auto ki = kv_ids.element_count() == 0 ? qi : ids_view(kv_ids, "kv_segment_ids");
-    const auto qp = ids_view(q_pos, "q_positions");
-    const auto kp = kv_pos.element_count() == 0 ? qp : ids_view(kv_pos, "kv_positions");
-    auto layout = std::make_shared<const DocumentLayout>(DocumentLayout::from_segment_ids(qi, ki, qp, kp));
-    const AnyMask mask(document_mask(*layout, registered_mask(mask_id)), layout);
-    return plan_engine(shape, mask, backward, threads);
+  if (qi.rank() == 0) return {std::move(static_plan), nullptr};
+  const auto ki = kv_ids.element_count() == 0 ? qi : ids_view(kv_ids, "kv_segment_ids");
+  const auto qp = ids_view(q_pos, "q_positions");
+  const auto kp = kv_pos.element_count() == 0 ? qp : ids_view(kv_pos, "kv_positions");
+  auto ids = std::make_shared<const SegmentIds>(SegmentIds::from_segment_ids(qi, ki, qp, kp));
+  return plan_with_segment_ids(std::move(static_plan), mask, std::move(ids), [&](const AnyMask& document) {
+    return id_plans->get(PlanKey{mask_id, backward, threads, shape, id_operands({q_ids, kv_ids, q_pos, kv_pos})},
+                         [&] { return plan_engine(shape, document, backward, threads); });
   });
 }
 
@@ -209,12 +213,13 @@ void forward_typed(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Bu
                    ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos,
                    ffi::Result<ffi::AnyBuffer>& out, ffi::Result<ffi::Buffer<ffi::F32>>& lse, std::int64_t mask_id,
                    const RunOptions& options) {
-  const AttentionInputs<T> in{input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), nullptr};
+  AttentionInputs<T> in{input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), nullptr};
   const AttentionShape shape = shape_of(in);
   check_run_options(options, shape);
-  const auto plan = call_plan(mask_id, shape, false, options.threads, q_ids, kv_ids, q_pos, kv_pos);
+  const CallPlan call = call_plan(mask_id, shape, false, options.threads, q_ids, kv_ids, q_pos, kv_pos);
+  in.segment_ids = call.ids.get();
   const auto lse_dims = fold_leading(dims_of(lse->dimensions()), 2, "lse");
-  run_forward<T>(*plan, options, in, output<T>(out, 3, "out"), TensorView<float>(lse->typed_data(), lse_dims));
+  run_forward<T>(*call.plan, options, in, output<T>(out, 3, "out"), TensorView<float>(lse->typed_data(), lse_dims));
 }
 
 ffi::Error forward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::S32> q_ids,
@@ -245,10 +250,11 @@ void backward_typed(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
                     ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos, ffi::Result<ffi::AnyBuffer>& dq,
                     ffi::Result<ffi::AnyBuffer>& dk, ffi::Result<ffi::AnyBuffer>& dv, std::int64_t mask_id,
                     const RunOptions& options) {
-  const AttentionInputs<T> in{input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), nullptr};
+  AttentionInputs<T> in{input<T>(q, 3, "q"), input<T>(k, 3, "k"), input<T>(v, 3, "v"), nullptr};
   const AttentionShape shape = shape_of(in);
   check_run_options(options, shape);
-  const auto plan = call_plan(mask_id, shape, true, options.threads, q_ids, kv_ids, q_pos, kv_pos);
+  const CallPlan call = call_plan(mask_id, shape, true, options.threads, q_ids, kv_ids, q_pos, kv_pos);
+  in.segment_ids = call.ids.get();
   const auto lse_dims = fold_leading(dims_of(lse.dimensions()), 2, "lse");
   // Gradient rows no query sees are not all written by the engine's THD
   // path; BSHD writes every element, but zeroing first keeps that a detail.
@@ -257,7 +263,7 @@ void backward_typed(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::A
   zero(dqv);
   zero(dkv);
   zero(dvv);
-  run_backward<T>(*plan, options, in, input<T>(out, 3, "out"), TensorView<const float>(lse.typed_data(), lse_dims),
+  run_backward<T>(*call.plan, options, in, input<T>(out, 3, "out"), TensorView<const float>(lse.typed_data(), lse_dims),
                   input<T>(dout, 3, "dout"), dqv, dkv, dvv);
 }
 

@@ -160,7 +160,8 @@ def test_attention_errors_are_value_errors(rng):
         seqattn.attention(q.astype(np.float64), k, v)
     with pytest.raises(ValueError, match="mask must be a seqattn.Mask"):
         seqattn.attention(q, q, q, mask="causal")
-    with pytest.raises(ValueError, match="DocumentMask: sequence 0 has lengths"):
+    with pytest.raises(ValueError, match=r"attention: the segment ids have \(q 5, kv 5\) tokens per row but sequence 0 "
+                                         r"of the inputs has \(q 8, kv 8\)"):
         seqattn.attention(q, q, q, segment_ids=np.ones((1, 5), np.int32))
     with pytest.raises(ValueError, match="give exactly one of segment_ids, cu_seqlens or segments"):
         seqattn.attention(q[0], q[0], q[0])

@@ -61,16 +61,22 @@ def test_a_jitted_step_plans_once_per_shape_pass_and_ids(rng):
     (loss, grads), (q, k, v) = results[-1]
     out = seqattn.attention(np.asarray(q), np.asarray(k), np.asarray(v), mask, threads=0)[0]
     np.testing.assert_allclose(loss, np.sum(out.astype(np.float64) ** 2), rtol=1e-5)
-    # With segment ids: planned once per distinct ids (every layer of a step shares them).
-    fn = jax.jit(lambda q, k, v, i: sj.attention(q, k, v, mask, segment_ids=i))
+    # With segment ids: the mask's plan, refined by each call's ids (nothing planned); a mask that knows where a
+    # sequence starts (prefix-LM) sees each document's positions: planned once per distinct ids instead.
     first = np.array([[1] * 10 + [2] * 9, [1] * 19], np.int32)
     second = np.array([[1] * 4 + [2] * 15, [1] * 19], np.int32)
-    for ids, new_plans in ((first, 1), (first, 0), (second, 1)):
-        before = seqattn._core._ffi_plan_cache_stats()[0]
-        out = jax.block_until_ready(fn(q, k, v, ids))
-        assert seqattn._core._ffi_plan_cache_stats()[0] - before == new_plans
-        want = seqattn.attention(*(np.asarray(x) for x in (q, k, v)), mask, segment_ids=ids, threads=0)[0]
-        np.testing.assert_array_equal(np.asarray(out), want)
+    prefix = seqattn.PrefixLMMask(3)
+    for m, counts in ((mask, (0, 0, 0)), (prefix, (1, 0, 1))):
+        fn = jax.jit(lambda q, k, v, i, m=m: sj.attention(q, k, v, m, segment_ids=i))
+        jax.block_until_ready(fn(q, k, v, np.zeros_like(first)))  # the static plan, and a plan over padding ids
+        for ids, new_plans in zip((first, first, second), counts):
+            before = seqattn._core._ffi_plan_cache_stats()[0]
+            out = jax.block_until_ready(fn(q, k, v, ids))
+            assert seqattn._core._ffi_plan_cache_stats()[0] - before == new_plans
+            want = seqattn.attention(*(np.asarray(x) for x in (q, k, v)), m, segment_ids=ids, threads=0)[0]
+            np.testing.assert_array_equal(np.asarray(out), want)
+            allowed = seqattn.DocumentMask(ids, None, m).to_dense()
+            np.testing.assert_allclose(np.asarray(out), reference(q, k, v, allowed), atol=2e-5)
 
 
 def test_fully_masked_rows_are_zero(rng):

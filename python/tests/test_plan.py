@@ -58,8 +58,19 @@ def test_plan_errors_name_the_plan_and_the_inputs(rng):
                                          r"the inputs are BSHD, 1 sequence of \(q 9, kv 9\)"):
         r = randn(rng, 1, 9, 2, 16)
         seqattn.attention(r, r, r, plan=p)
-    with pytest.raises(ValueError, match="the plan already holds the mask and the segments; got mask, segment_ids"):
+    with pytest.raises(ValueError, match="the plan already holds the mask and the segments; got mask"):
         seqattn.attention(q, q, q, seqattn.CausalMask(), segment_ids=np.ones((1, 8), np.int32), plan=p)
+    held = seqattn.plan(q, q, q, seqattn.CausalMask(), segment_ids=np.ones((1, 8), np.int32))
+    with pytest.raises(ValueError, match=r"the plan already holds segment ids \(seqattn.plan\(..., segment_ids=\)\)"):
+        seqattn.attention(q, q, q, segment_ids=np.ones((1, 8), np.int32), plan=held)
+    with pytest.raises(ValueError, match=r"attention: the segment ids have 2 rows but the inputs have batch 1"):
+        seqattn.attention(q, q, q, segment_ids=np.ones((2, 8), np.int32), plan=p)
+    with pytest.raises(ValueError, match=r"\(q 7, kv 7\) tokens per row but sequence 0 of the inputs has \(q 8, kv 8\)"):
+        seqattn.attention(q, q, q, segment_ids=np.ones((1, 7), np.int32), plan=p)
+    with pytest.raises(ValueError, match=r"is negative"):
+        seqattn.attention(q, q, q, segment_ids=np.array([[1, 1, -2, 2, 2, 2, 2, 2]], np.int32), plan=p)
+    with pytest.raises(ValueError, match="positions given without segment_ids"):
+        seqattn.attention(q, q, q, positions=np.zeros((1, 8), np.int32), plan=p)
     with pytest.raises(ValueError, match="plan must be a seqattn.Plan"):
         seqattn.attention(q, q, q, plan="causal")
     with pytest.raises(ValueError, match=r"the plan was made for the BSHD layout \(q of rank 4\), got q of shape"):
@@ -98,3 +109,51 @@ def test_thd_segment_ids_rows_and_the_parsers_rules(rng):
     with pytest.raises(ValueError, match=r"THD segment_ids must have one id per token, as \[T\] or \[rows, S\] with "
                                          r"rows \* S = T = 12, got shape \(3, 5\)"):
         seqattn.attention(q, k, v, segment_ids=np.ones((3, 5), np.int32))
+
+
+def document_ids(rng, batch, n, gaps):
+    """[batch, n] ids of packed documents (random lengths), padding runs between some when ``gaps``."""
+    ids = np.zeros((batch, n), np.int32)
+    for b in range(batch):
+        t, doc = 0, 1
+        while t < n:
+            length = int(rng.integers(1, n // 3 + 2))
+            if not (gaps and rng.random() < 0.25):
+                ids[b, t:t + length] = doc
+                doc += 1
+            t += length
+    return ids
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_segment_ids_per_call_refine_the_plan_of_the_mask(rng, dtype):
+    """plan(mask) once, then each call's ids: the document mask of those ids, forward and backward."""
+    b, s, hq, hkv, d = 2, 150, 4, 2, 72
+    masks = [seqattn.CausalMask(), seqattn.SlidingWindowMask(20, 3), seqattn.FullMask(),
+             seqattn.CausalMask() & ~seqattn.SlidingWindowMask(4, 0),
+             seqattn.PrefixLMMask(9)]  # the last plans the document mask of each call's ids
+    for mask in masks:
+        p = seqattn.plan((b, s, hq, d), (b, s, hkv, d), (b, s, hkv, d), mask, backward=True, threads=2)
+        for gaps in (False, True):
+            ids = document_ids(rng, b, s, gaps)
+            q, k, v, dout = randn(rng, b, s, hq, d), randn(rng, b, s, hkv, d), randn(rng, b, s, hkv, d), \
+                randn(rng, b, s, hq, d)
+            if dtype == "bf16":
+                import ml_dtypes
+                q, k, v, dout = (x.astype(ml_dtypes.bfloat16) for x in (q, k, v, dout))
+            out, lse = seqattn.attention(q, k, v, plan=p, segment_ids=ids)
+            allowed = seqattn.DocumentMask(ids, None, mask).to_dense()
+            f64 = [np.asarray(x, np.float64) for x in (q, k, v, dout)]
+            want_out, want_lse = O.attention(*f64[:3], allowed)
+            tol = dict(atol=2e-5, rtol=1e-4) if dtype == "f32" else dict(atol=3e-2, rtol=3e-2)
+            np.testing.assert_allclose(np.asarray(out, np.float64), want_out, **tol)
+            np.testing.assert_allclose(lse, want_lse, **tol)
+            # The one-call API takes the same route: bitwise the same.
+            assert_same((out, lse), seqattn.attention(q, k, v, mask, segment_ids=ids, threads=2))
+            grads = seqattn.attention_backward(q, k, v, out, lse, dout, plan=p, segment_ids=ids)
+            want = O.attention_grads(*f64[:3], allowed, f64[3])
+            gtol = dict(atol=1e-4, rtol=1e-3) if dtype == "f32" else dict(atol=6e-2, rtol=6e-2)
+            for g, w in zip(grads, want):
+                np.testing.assert_allclose(np.asarray(g, np.float64), w, **gtol)
+            assert_same(grads, seqattn.attention_backward(q, k, v, out, lse, dout, plan=p, segment_ids=ids,
+                                                          threads=1))

@@ -34,12 +34,17 @@ namespace seqattn {
 //   lse: BSHD [B, Hq, Sq];     THD [Hq, Tq]        (fp32, natural log)
 // lse may be an empty view (no data) when it is not wanted. A row that no key
 // may attend to gets out = 0 and lse = -inf (lse = sink when there is a sink).
+class SegmentIds;  // attention/segment_ids.hpp
+
 template <class T>
 struct AttentionInputs {
   TensorView<const T> q;
   TensorView<const T> k;
   TensorView<const T> v;
   const SegmentTable* segments = nullptr;
+  // BSHD: this call's segment ids, refining the plan's static mask
+  // (attention/segment_ids.hpp); null: none.
+  const SegmentIds* segment_ids = nullptr;
 };
 
 enum class Layout : std::uint8_t { bshd, thd };

@@ -52,6 +52,25 @@ AttentionProblem<T> forward_problem(const PagedAttentionInputs<T>& in, const Att
                                     TensorView<float> lse) {
   return make_paged_problem(in, shape, out, lse);
 }
+
+// Whether a backend runs calls with segment ids (AttentionInputs::segment_ids):
+// it declares `static constexpr bool kSegmentIds = true`.
+template <class Backend>
+inline constexpr bool kTakesSegmentIds = [] {
+  if constexpr (requires { Backend::kSegmentIds; }) {
+    return Backend::kSegmentIds;
+  } else {
+    return false;
+  }
+}();
+
+template <class Backend, class In>
+void require_segment_ids_support(const In& inputs, const char* who) {
+  if constexpr (requires { inputs.segment_ids; }) {
+    require(inputs.segment_ids == nullptr || kTakesSegmentIds<Backend>, who, ": backend ", Backend::name(),
+            " takes no segment ids operand; give the ids as a document mask when planning instead");
+  }
+}
 }  // namespace detail
 
 // Runs a plan on inputs of the shape it was made for.
@@ -64,6 +83,7 @@ void attention_forward(const AttentionPlan<Backend>& plan, const In<T>& inputs, 
   constexpr bool kPaged = std::is_same_v<In<T>, PagedAttentionInputs<T>>;
   const AttentionShape shape = shape_of(inputs);
   plan.require_shape(shape, kPaged ? "attention_forward (paged K/V)" : "attention_forward");
+  detail::require_segment_ids_support<Backend>(inputs, "attention_forward");
   detail::check_variant(variant, shape);
   const detail::AttentionProblem<T> problem = detail::forward_problem(inputs, shape, out, lse);
   Backend::forward(plan, problem, variant, exec);
@@ -118,6 +138,7 @@ void attention_backward(const AttentionPlan<Backend>& plan, const AttentionInput
                 "this score variant has a score hook but no score_grad: its gradient is unknown");
   const AttentionShape shape = shape_of(inputs);
   plan.require_shape(shape, "attention_backward");
+  detail::require_segment_ids_support<Backend>(inputs, "attention_backward");
   detail::check_variant(variant, shape);
   const detail::BackwardProblem<T> problem =
       detail::make_backward_problem(inputs, shape, out, lse, dout, grads.dq, grads.dk, grads.dv, grads.dsinks);

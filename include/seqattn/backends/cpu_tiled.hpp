@@ -27,6 +27,9 @@ struct CpuTiled {
   };
 
   static constexpr BlockShape block_shape() { return {Kernel::kBlockQ, Kernel::kBlockKv}; }
+  // Calls may carry segment ids (attention/segment_ids.hpp): the plan's work
+  // is refined per call (attention/detail/segment_tiles.hpp).
+  static constexpr bool kSegmentIds = true;
   // Any shape, mask and variant: the engine has no size limits of its own.
   static Support supports(const AttentionShape&) { return {}; }
   static Work plan_work(const AttentionShape& shape, const BlockMask& bm, const PlanOptions& options, int workers) {

@@ -31,7 +31,8 @@
 //   - row_interval / first_row_reaching are not offered (AnyMask cannot
 //     promise interval rows for every description); an `and` of two interval
 //     masks keeps its O(1) classes when composed before erasure;
-//   - head invariance is a run-time property (invariant_over_heads());
+//   - head and shift invariance are run-time properties (invariant_over_heads(),
+//     invariant_over_shifts());
 //     build_block_mask below stores one head for invariant masks, as it does
 //     for invariant descriptions.
 //
@@ -98,6 +99,41 @@ bool runtime_head_invariant(const M& m) {
   }
 }
 
+// Whether m depends on kv - q (and kv_len - q_len) alone: the description's
+// `shift_invariant`, looking through and / or / not and AnyMask at run time
+// (a document mask is not: it knows where its segments start).
+template <class M>
+bool runtime_shift_invariant(const M& m);
+template <class A, class B>
+bool runtime_shift_invariant(const AndMask<A, B>& m);
+template <class A, class B>
+bool runtime_shift_invariant(const OrMask<A, B>& m);
+template <class A>
+bool runtime_shift_invariant(const NotMask<A>& m);
+
+template <class A, class B>
+bool runtime_shift_invariant(const AndMask<A, B>& m) {
+  return runtime_shift_invariant(m.a) && runtime_shift_invariant(m.b);
+}
+template <class A, class B>
+bool runtime_shift_invariant(const OrMask<A, B>& m) {
+  return runtime_shift_invariant(m.a) && runtime_shift_invariant(m.b);
+}
+template <class A>
+bool runtime_shift_invariant(const NotMask<A>& m) {
+  return runtime_shift_invariant(m.a);
+}
+template <class M>
+bool runtime_shift_invariant(const M& m) {
+  if constexpr (requires { m.invariant_over_shifts(); }) {
+    return m.invariant_over_shifts();  // AnyMask
+  } else if constexpr (requires { M::shift_invariant; }) {
+    return M::shift_invariant;
+  } else {
+    return false;
+  }
+}
+
 }  // namespace detail
 
 class AnyMask {
@@ -129,6 +165,8 @@ class AnyMask {
   // Whether the wrapped description answers alike for every head: its
   // head_invariant, looking through and / or / not / document of AnyMasks.
   bool invariant_over_heads() const { return impl().invariant_over_heads(); }
+  // Whether it depends on kv - q alone (detail::runtime_shift_invariant).
+  bool invariant_over_shifts() const { return impl().invariant_over_shifts(); }
   // Whether the wrapped description has the optional hooks (for tests and tools).
   bool has_kv_span() const { return impl().has_kv_span(); }
   bool has_interval_rows() const { return impl().has_interval_rows(); }
@@ -154,6 +192,7 @@ class AnyMask {
     virtual KvIntervalSet row_intervals(const MaskContext& ctx, index_t q) const = 0;
     virtual void check(const RaggedLengths& lengths, index_t heads) const = 0;
     virtual bool invariant_over_heads() const = 0;
+    virtual bool invariant_over_shifts() const = 0;
     virtual bool has_kv_span() const = 0;
     virtual bool has_interval_rows() const = 0;
     virtual const std::type_info& type() const = 0;
@@ -191,6 +230,7 @@ class AnyMask {
       if constexpr (HasCheck<M>) mask.check(lengths, heads);
     }
     bool invariant_over_heads() const override { return detail::runtime_head_invariant(mask); }
+    bool invariant_over_shifts() const override { return detail::runtime_shift_invariant(mask); }
     bool has_kv_span() const override { return HasKvSpan<M>; }
     bool has_interval_rows() const override { return IntervalRowMask<M>; }
     const std::type_info& type() const override { return typeid(M); }

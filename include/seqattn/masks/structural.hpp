@@ -1,5 +1,11 @@
 // Structural masks: defined by index arithmetic alone, classified in O(1).
 //
+// `shift_invariant = true` says that allowed(ctx, q, kv) depends on kv - q
+// and kv_len - q_len alone (full, causal, sliding window; not chunked causal
+// or prefix-LM, which know where a sequence starts): such a mask applied to a
+// whole packed sequence and AND-ed with segment equality is the document
+// mask of those segments (SegmentIds::same_as_document_mask).
+//
 // Every mask here allows, in each query row, one interval of keys whose ends
 // never move left as the row advances. That single property gives exact O(1)
 // tile classes (detail::classify_interval_rows), q-block spans that let the
@@ -49,6 +55,7 @@ inline index_t diagonal_shift(Alignment a, const MaskContext& ctx) {
 // Every query attends to every key.
 struct FullMask {
   static constexpr bool head_invariant = true;
+  static constexpr bool shift_invariant = true;
   bool allowed(const MaskContext&, index_t, index_t) const { return true; }
   KvInterval row_interval(const MaskContext& ctx, index_t) const { return {0, ctx.kv_len}; }
   index_t first_row_reaching(const MaskContext&, index_t) const { return kNoBound; }
@@ -63,6 +70,7 @@ struct FullMask {
 // Query q attends to keys kv <= q + shift (shift from the alignment).
 struct CausalMask {
   static constexpr bool head_invariant = true;
+  static constexpr bool shift_invariant = true;
   Alignment alignment = Alignment::top_left;
 
   bool allowed(const MaskContext& ctx, index_t q, index_t kv) const {
@@ -84,6 +92,7 @@ struct CausalMask {
 // bottom-right alignment too, as the kernels (cuDNN, FlashAttention) do.
 struct SlidingWindowMask {
   static constexpr bool head_invariant = true;
+  static constexpr bool shift_invariant = true;
   index_t left = kUnbounded;
   index_t right = 0;
   Alignment alignment = Alignment::top_left;

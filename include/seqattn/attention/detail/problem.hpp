@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "seqattn/attention/inputs.hpp"
+#include "seqattn/attention/segment_ids.hpp"
 #include "seqattn/core/checked.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/overlap.hpp"
@@ -66,6 +67,7 @@ struct AttentionProblem {
   index_t dk = 0;
   index_t dv = 0;
   KvPaging paging;
+  const SegmentIds* segment_ids = nullptr;  // a BSHD call's segment ids (segment_ids.hpp), or null
 
   index_t batch() const { return static_cast<index_t>(sequences.size()); }
   const SequenceGeometry& sequence(index_t b) const { return sequences[static_cast<std::size_t>(b)]; }
@@ -105,6 +107,10 @@ AttentionProblem<T> attention_geometry(const AttentionInputs<T>& in, const Atten
   const bool packed = shape.layout == Layout::thd;
   const int rank = packed ? 3 : 4;
   AttentionProblem<T> p;
+  if constexpr (requires { in.segment_ids; }) {  // paged inputs carry none
+    if (in.segment_ids) in.segment_ids->require_fits(shape, who);
+    p.segment_ids = in.segment_ids;
+  }
   p.heads = shape.heads;
   p.kv_heads = shape.kv_heads;
   p.group = shape.group();
@@ -262,6 +268,10 @@ AttentionProblem<T> make_paged_problem(const PagedAttentionInputs<T>& in, const 
   const bool packed = shape.layout == Layout::thd;
   const PagedKV<T>& kv = in.kv;
   AttentionProblem<T> p;
+  if constexpr (requires { in.segment_ids; }) {  // paged inputs carry none
+    if (in.segment_ids) in.segment_ids->require_fits(shape, who);
+    p.segment_ids = in.segment_ids;
+  }
   p.heads = shape.heads;
   p.kv_heads = shape.kv_heads;
   p.group = shape.group();

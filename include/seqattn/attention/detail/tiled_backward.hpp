@@ -34,6 +34,7 @@
 
 #include "seqattn/attention/detail/bf16_dot.hpp"
 #include "seqattn/attention/detail/problem.hpp"
+#include "seqattn/attention/detail/segment_tiles.hpp"
 #include "seqattn/attention/detail/tiled_forward.hpp"
 #include "seqattn/attention/detail/tiled_work.hpp"
 #include "seqattn/attention/variants.hpp"
@@ -51,6 +52,7 @@ struct QTileRef {
   index_t head = 0;
   std::int32_t q_block = 0;
   std::int32_t tile_id = TileRef::kFull;  // as in TileRef
+  bool by_segments = false;               // as in TileRef
 };
 
 struct KeyBlock {  // one kv-tile of one K/V head and the q-tiles that see it
@@ -71,7 +73,14 @@ struct QueryTask {  // dQ of one q-tile of one head: the sum of the copies
   index_t q_block = 0;
 };
 
+struct KeyGroup {  // the kv-tiles of one (sequence, K/V head), cut into key tasks
+  index_t sequence = 0;
+  index_t kv_head = 0;
+  std::size_t blocks_begin = 0, blocks_end = 0;  // into key_blocks
+};
+
 struct TiledBackwardWork {
+  std::vector<KeyGroup> key_groups;
   std::vector<KeyTask> key_tasks;
   std::vector<KeyBlock> key_blocks;
   std::vector<QTileRef> q_refs;
@@ -106,17 +115,46 @@ inline index_t dq_copies(const AttentionShape& shape, const BlockMask& bm) {
   return std::clamp<index_t>((kMinKeyTasks + groups - 1) / groups, 1, std::min(kMaxDqCopies, kv_blocks));
 }
 
+// Each key group cut into w.dq_copies ranges at equal shares of its visits
+// (the q-tiles its key blocks list), longest first.
+inline void cut_key_tasks(TiledBackwardWork& w) {
+  w.key_tasks.clear();
+  std::vector<index_t> cost;
+  const auto visits = [&](std::size_t i) {
+    return static_cast<index_t>(w.key_blocks[i].refs_end - w.key_blocks[i].refs_begin);
+  };
+  for (const KeyGroup& g : w.key_groups) {
+    index_t total = 0;
+    for (std::size_t i = g.blocks_begin; i < g.blocks_end; ++i) total += visits(i);
+    std::size_t begin = g.blocks_begin;
+    index_t done = 0;
+    for (index_t c = 0; c < w.dq_copies && begin < g.blocks_end; ++c) {
+      // Range c ends where the visits reach (c + 1) / copies of the total.
+      const index_t goal = (total * (c + 1) + w.dq_copies - 1) / w.dq_copies;
+      std::size_t end = begin;
+      index_t range_cost = 0;
+      while (end < g.blocks_end && (end == begin || done + range_cost < goal)) range_cost += visits(end++);
+      if (c + 1 == w.dq_copies) {
+        while (end < g.blocks_end) range_cost += visits(end++);
+      }
+      w.key_tasks.push_back({g.sequence, g.kv_head, c, begin, end});
+      cost.push_back(range_cost);
+      done += range_cost;
+      begin = end;
+    }
+  }
+  w.key_order = longest_first(cost);
+}
+
 // Key blocks from the transposed BlockMask: its row (b, h, kb) lists the
 // q-blocks that see kv-block kb; partial tiles keep their ids (the
-// transpose shares them), so the forward tile bits mask them. Each
-// (sequence, K/V head) is then cut into w.dq_copies ranges at equal shares of
-// its visits.
+// transpose shares them), so the forward tile bits mask them. Then the key
+// tasks (cut_key_tasks).
 inline void plan_key_tasks(const AttentionShape& shape, const BlockMask& bm, TiledBackwardWork& w) {
   const BlockMask t = bm.transposed();
-  std::vector<index_t> cost;
   for (index_t b = 0; b < shape.batch(); ++b) {
     for (index_t kvh = 0; kvh < shape.kv_heads; ++kvh) {
-      const std::size_t first = w.key_blocks.size();
+      KeyGroup group{b, kvh, w.key_blocks.size(), 0};
       for (index_t kb = 0; kb < bm.num_kv_blocks(b); ++kb) {
         KeyBlock block{kb, w.q_refs.size(), 0};
         for (index_t h = kvh * shape.group(); h < (kvh + 1) * shape.group(); ++h) {
@@ -125,30 +163,11 @@ inline void plan_key_tasks(const AttentionShape& shape, const BlockMask& bm, Til
         block.refs_end = w.q_refs.size();
         w.key_blocks.push_back(block);  // also when no q-tile sees it: its dK and dV are zeros
       }
-      const auto visits = [&](std::size_t i) {
-        return static_cast<index_t>(w.key_blocks[i].refs_end - w.key_blocks[i].refs_begin);
-      };
-      index_t total = 0;
-      for (std::size_t i = first; i < w.key_blocks.size(); ++i) total += visits(i);
-      std::size_t begin = first;
-      index_t done = 0;
-      for (index_t c = 0; c < w.dq_copies && begin < w.key_blocks.size(); ++c) {
-        // Range c ends where the visits reach (c + 1) / copies of the total.
-        const index_t goal = (total * (c + 1) + w.dq_copies - 1) / w.dq_copies;
-        std::size_t end = begin;
-        index_t range_cost = 0;
-        while (end < w.key_blocks.size() && (end == begin || done + range_cost < goal)) range_cost += visits(end++);
-        if (c + 1 == w.dq_copies) {
-          while (end < w.key_blocks.size()) range_cost += visits(end++);
-        }
-        w.key_tasks.push_back({b, kvh, c, begin, end});
-        cost.push_back(range_cost);
-        done += range_cost;
-        begin = end;
-      }
+      group.blocks_end = w.key_blocks.size();
+      w.key_groups.push_back(group);
     }
   }
-  w.key_order = longest_first(cost);
+  cut_key_tasks(w);
 }
 
 inline void plan_query_tasks(const AttentionShape& shape, const BlockMask& bm, TiledBackwardWork& w) {
@@ -173,6 +192,44 @@ TiledBackwardWork plan_tiled_backward(const AttentionShape& shape, const BlockMa
   plan_key_tasks(shape, bm, w);
   plan_query_tasks(shape, bm, w);
   return w;
+}
+
+// The plan's backward work refined by a call's segment ids (segment_tiles.hpp):
+// each key block's q-tiles without the dropped ones, marked where the kernel
+// compares segments, and the key tasks cut again at the visits left (so the
+// result stays independent of the worker count).
+inline TiledBackwardWork refine_backward_work(const TiledBackwardWork& w, const SegmentTiles& st) {
+  TiledBackwardWork r;
+  r.key_groups = w.key_groups;
+  r.key_blocks = w.key_blocks;
+  r.query_tasks = w.query_tasks;
+  r.dkp = w.dkp;
+  r.dvp = w.dvp;
+  r.row_base = w.row_base;
+  r.total_rows = w.total_rows;
+  r.dq_copies = w.dq_copies;
+  r.q_block_base = w.q_block_base;
+  r.q_blocks = w.q_blocks;
+  r.q_block_slots = w.q_block_slots;
+  for (const KeyGroup& g : r.key_groups) {
+    for (std::size_t i = g.blocks_begin; i < g.blocks_end; ++i) {
+      KeyBlock& block = r.key_blocks[i];
+      const std::size_t begin = r.q_refs.size();
+      const TileWindow window = st.q_window(g.sequence, block.kv_block);
+      for (std::size_t k = block.refs_begin; k < block.refs_end; ++k) {
+        QTileRef ref = w.q_refs[k];
+        if (!window.contains(ref.q_block)) continue;
+        const SegmentRefinement how = st.refine(g.sequence, ref.q_block, block.kv_block);
+        if (how == SegmentRefinement::drop) continue;
+        ref.by_segments = how == SegmentRefinement::mask;
+        r.q_refs.push_back(ref);
+      }
+      block.refs_begin = begin;
+      block.refs_end = r.q_refs.size();
+    }
+  }
+  cut_key_tasks(r);
+  return r;
 }
 
 // ---- Running ----------------------------------------------------------------
@@ -371,6 +428,7 @@ void transform_and_mask(const BackwardCall<T, V>& c, const ScoreTile& t, const Q
   const auto* bits =
       ref.tile_id >= 0 ? reinterpret_cast<const std::uint8_t*>(c.bm.tile_bits(ref.tile_id).data()) : nullptr;
   mask_tile<Kernel>(t, c.bm, ref.tile_id, bits, c.bm.words_per_row() * 8, q0);
+  if (ref.by_segments) mask_segments(t, *c.bp.fwd.segment_ids);
 }
 
 // ---- The bf16 key pass on AMX tiles (backends/amx.hpp) ---------------------------
@@ -653,9 +711,14 @@ bool backward_on_amx(const BackwardProblem<T>& bp, const TiledBackwardWork& w) {
 }
 
 template <class Kernel, class T, class V, class Exec>
-void run_tiled_backward(const TiledBackwardWork& w, const BlockMask& bm, const BackwardProblem<T>& bp, const V& variant,
-                        Exec& exec) {
+void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, const BackwardProblem<T>& bp,
+                        const V& variant, Exec& exec) {
   const AttentionProblem<T>& p = bp.fwd;
+  TiledBackwardWork refined;
+  if (p.segment_ids) {
+    refined = refine_backward_work(planned, SegmentTiles(*p.segment_ids, Kernel::kBlockQ, Kernel::kBlockKv));
+  }
+  const TiledBackwardWork& w = p.segment_ids ? refined : planned;
   const int workers = std::max(1, exec.workers());
   std::vector<BackwardScratch<Kernel>> scratch;
   scratch.reserve(static_cast<std::size_t>(workers));

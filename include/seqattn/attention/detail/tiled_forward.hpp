@@ -8,6 +8,8 @@
 //   Kernel::scores       St = K Qt (transposed scores)
 //   transform_scores     the score variant's hook (softcap, ALiBi, score_mod ...)
 //   mask_tile            -inf where a partial tile's mask says no
+//   mask_segments        -inf across segments, where a call's segment ids mark
+//                        the tile (segment_tiles.hpp refines the plan's lists)
 //   Kernel::online_softmax   running max / sum per row, St -> P
 //   Kernel::accumulate_pv    O = alpha O + P V
 //   finalize_rows / store_partials, then merge_partials for split-KV tasks
@@ -38,6 +40,7 @@
 
 #include "seqattn/attention/detail/bf16_dot.hpp"
 #include "seqattn/attention/detail/problem.hpp"
+#include "seqattn/attention/detail/segment_tiles.hpp"
 #include "seqattn/attention/detail/tiled_work.hpp"
 #include "seqattn/attention/softmax_state.hpp"
 #include "seqattn/attention/variants.hpp"
@@ -327,6 +330,9 @@ struct TiledCall {
   const TiledWork& w;
   const BlockMask& bm;
   const V& variant;
+  // The plan's transposed tile bits (TiledWork::column_bits): `w` may be a
+  // call's refinement of the plan's work, which does not copy them.
+  std::span<const std::uint8_t> column_bits;
   float q_scale = 1.0f;
   bool k_in_place = false;  // fp32 K rows contiguous: usable without staging
   bool v_in_place = false;
@@ -408,8 +414,9 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
       tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc);
       transform_scores<Kernel>(c.variant, tile);
       mask_tile<Kernel>(tile, c.bm, ref.tile_id,
-                        transposed_tile_bits(c.w.column_bits, c.w.column_tile_bytes, ref.tile_id), kBq / 8,
+                        transposed_tile_bits(c.column_bits, c.w.column_tile_bytes, ref.tile_id), kBq / 8,
                         u.q_block * kBq);
+      if (ref.by_segments) mask_segments(tile, *p.segment_ids);
       Kernel::online_softmax(tile.scores, cols, t.group_rows_p, m + r0, l + r0, sc.alpha.get() + r0);
       tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc);
     }
@@ -453,18 +460,24 @@ void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel
   run_task_steps(c, task, sc, tiles);
 }
 
-// The whole forward pass of a planned problem on `exec`.
+// The whole forward pass of a planned problem on `exec`: the plan's work, or
+// its refinement by the call's segment ids.
 template <class Kernel, class T, class V, class Exec>
-void run_tiled_forward(const TiledWork& w, const BlockMask& bm, const AttentionProblem<T>& p, const V& variant,
+void run_tiled_forward(const TiledWork& planned, const BlockMask& bm, const AttentionProblem<T>& p, const V& variant,
                        Exec& exec) {
   constexpr index_t kBq = Kernel::kBlockQ;
-  if (w.units.empty()) return;
+  if (planned.units.empty()) return;
+  TiledWork refined;
+  if (p.segment_ids) {
+    refined = refine_tiled_work(planned, SegmentTiles(*p.segment_ids, kBq, Kernel::kBlockKv));
+  }
+  const TiledWork& w = p.segment_ids ? refined : planned;
   const int workers = std::max(1, exec.workers());
   std::vector<TileScratch<Kernel>> scratch;
   scratch.reserve(static_cast<std::size_t>(workers));
   for (int i = 0; i < workers; ++i) scratch.emplace_back(p.dk, w.dvp);
 
-  TiledCall<Kernel, T, V> call{p, w, bm, variant, 1.0f, false, false, {}};
+  TiledCall<Kernel, T, V> call{p, w, bm, variant, planned.column_bits, 1.0f, false, false, {}};
   call.q_scale = variant_scale(variant, p.dk);
   call.k_in_place = std::is_same_v<T, float> && p.k_strides.dim == 1 && p.k_strides.token == p.dk;
   call.v_in_place = std::is_same_v<T, float> && p.v_strides.dim == 1 && w.dvp == p.dv && p.v_strides.token == p.dv;

@@ -26,12 +26,15 @@
 namespace seqattn::detail {
 
 // One kv-block of one row of tiles: full (tile_id == kFull), partial with
-// stored bits (tile_id >= 0) or partial to be masked by the predicate.
+// stored bits (tile_id >= 0) or partial to be masked by the predicate; and,
+// in a call with segment ids, whether the kernel also compares segments
+// (segment_tiles.hpp).
 struct TileRef {
   static constexpr std::int32_t kFull = -1;
   static constexpr std::int32_t kPredicate = -2;
   std::int32_t kv_block = 0;
   std::int32_t tile_id = kFull;
+  bool by_segments = false;
 };
 
 struct WorkUnit {

@@ -392,7 +392,7 @@ struct IdOperands {
   bool segment_ids = false, kv_segment_ids = false, positions = false, kv_positions = false;
 };
 
-// The mask the XLA handler runs (jax_ffi.cpp's call_mask: a document mask
+// The mask the XLA handler runs (jax_ffi.cpp's call_plan: the document mask
 // around the mask when segment ids are given, with the key side defaulting to
 // the query side), checked for `batch` sequences of the call's lengths. Probe
 // ids stand in for the traced ones: the checks that fail here depend on the
@@ -461,7 +461,7 @@ void check_attention_call(const std::vector<index_t>& q, const std::vector<index
 }
 
 // The values of segment ids known while tracing, checked as the XLA handler
-// will read them (jax_ffi.cpp's call_mask: the key side defaults to the
+// will read them (jax_ffi.cpp's call_plan: the key side defaults to the
 // query side), so that malformed ones are ValueErrors rather than errors of
 // the compiled call.
 void check_segment_ids_call(const CpuArray<std::int32_t>& segment_ids,

@@ -65,7 +65,8 @@ def test_plan_errors_name_the_plan_and_the_inputs(rng):
         seqattn.attention(q, q, q, segment_ids=np.ones((1, 8), np.int32), plan=held)
     with pytest.raises(ValueError, match=r"attention: the segment ids have 2 rows but the inputs have batch 1"):
         seqattn.attention(q, q, q, segment_ids=np.ones((2, 8), np.int32), plan=p)
-    with pytest.raises(ValueError, match=r"\(q 7, kv 7\) tokens per row but sequence 0 of the inputs has \(q 8, kv 8\)"):
+    with pytest.raises(ValueError, match=r"\(q 7, kv 7\) tokens per row but sequence 0 of the inputs has "
+                                         r"\(q 8, kv 8\)"):
         seqattn.attention(q, q, q, segment_ids=np.ones((1, 7), np.int32), plan=p)
     with pytest.raises(ValueError, match=r"is negative"):
         seqattn.attention(q, q, q, segment_ids=np.array([[1, 1, -2, 2, 2, 2, 2, 2]], np.int32), plan=p)

@@ -312,4 +312,24 @@ TEST_CASE("AnyMask forwards checks and builds head-invariant masks once") {
   CHECK(none.target<CausalMask>() == nullptr);
 }
 
+TEST_CASE("shift invariance: the masks that depend on kv - q alone, through and / or / not and AnyMask") {
+  const AnyMask causal = CausalMask{}, slide = SlidingWindowMask{13, 2, Alignment::bottom_right};
+  CHECK(causal.invariant_over_shifts());
+  CHECK(AnyMask(FullMask{}).invariant_over_shifts());
+  CHECK(AnyMask(causal & ~slide).invariant_over_shifts());
+  CHECK(AnyMask(AnyMask(causal | slide)).invariant_over_shifts());
+  CHECK(detail::runtime_shift_invariant(CausalMask{Alignment::bottom_right} & ~SlidingWindowMask{4, 0}));
+  // Masks that know where a sequence starts, and anything composed with one.
+  CHECK(!AnyMask(PrefixLMMask{.prefix = 3}).invariant_over_shifts());
+  CHECK(!AnyMask(ChunkedCausalMask{8}).invariant_over_shifts());
+  CHECK(!AnyMask(causal & AnyMask(ChunkedCausalMask{8})).invariant_over_shifts());
+  CHECK(!detail::runtime_shift_invariant(~PrefixLMMask{.prefix = 3}));
+  CHECK(!AnyMask(DenseMask<std::uint8_t>{}).invariant_over_shifts());
+  const std::vector<std::int32_t> ids = {1, 1, 2, 2};
+  const DocumentLayout layout =
+      DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), Extents{1, 4}));
+  CHECK(!detail::runtime_shift_invariant(document_mask(layout, CausalMask{})));
+  CHECK(detail::runtime_head_invariant(document_mask(layout, CausalMask{})));  // documents are looked into for heads
+}
+
 }  // namespace seqattn_test_masks_any_mask_test

@@ -12,18 +12,22 @@
 
 namespace seqattn::detail {
 
-// The indices 0 .. n-1, largest cost(i) first; equal costs keep index order.
-template <class Cost>
-std::vector<index_t> longest_first(index_t n, Cost&& cost) {
-  std::vector<index_t> order(static_cast<std::size_t>(n));
-  for (index_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
-  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return cost(a) > cost(b); });
+// The indices of `cost`, largest cost first; equal costs keep index order.
+inline std::vector<index_t> longest_first(const std::vector<index_t>& cost) {
+  std::vector<index_t> order(cost.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<index_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
+    return cost[static_cast<std::size_t>(a)] > cost[static_cast<std::size_t>(b)];
+  });
   return order;
 }
 
-// The same for costs given as a vector: the indices of `cost`, largest first.
-inline std::vector<index_t> longest_first(const std::vector<index_t>& cost) {
-  return longest_first(static_cast<index_t>(cost.size()), [&](index_t i) { return cost[static_cast<std::size_t>(i)]; });
+// The same for the indices 0 .. n-1 by cost(i), each cost computed once.
+template <class Cost>
+std::vector<index_t> longest_first(index_t n, Cost&& cost) {
+  std::vector<index_t> costs(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) costs[static_cast<std::size_t>(i)] = cost(i);
+  return longest_first(costs);
 }
 
 }  // namespace seqattn::detail

@@ -59,79 +59,74 @@ namespace seqattn {
 
 namespace detail {
 
-// is_head_invariant<M>(), but looking through the combinators at run time, so
-// that AndMask<AnyMask, AnyMask> of two invariant AnyMasks is invariant (its
-// compile-time answer must be false). All declared before any is defined:
-// they call each other, and ADL would not find later ones (namespace detail).
+// The parts a composed description is made of, for the run-time questions
+// below: and / or (two), not (one), document (its inner mask).
 template <class M>
-bool runtime_head_invariant(const M& m);
+inline constexpr bool kTwoParts = false;
 template <class A, class B>
-bool runtime_head_invariant(const AndMask<A, B>& m);
+inline constexpr bool kTwoParts<AndMask<A, B>> = true;
 template <class A, class B>
-bool runtime_head_invariant(const OrMask<A, B>& m);
+inline constexpr bool kTwoParts<OrMask<A, B>> = true;
+template <class M>
+inline constexpr bool kNegation = false;
 template <class A>
-bool runtime_head_invariant(const NotMask<A>& m);
+inline constexpr bool kNegation<NotMask<A>> = true;
+template <class M>
+inline constexpr bool kDocument = false;
 template <class Inner>
-bool runtime_head_invariant(const DocumentMask<Inner>& m);
+inline constexpr bool kDocument<DocumentMask<Inner>> = true;
 
-template <class A, class B>
-bool runtime_head_invariant(const AndMask<A, B>& m) {
-  return runtime_head_invariant(m.a) && runtime_head_invariant(m.b);
+// Whether `leaf` holds for every description that and / or / not (and, with
+// `into_documents`, document; else a document answers false) compose `m` of.
+template <class M, class Leaf>
+bool every_part(const M& m, const Leaf& leaf, bool into_documents) {
+  if constexpr (kTwoParts<M>) {
+    return every_part(m.a, leaf, into_documents) && every_part(m.b, leaf, into_documents);
+  } else if constexpr (kNegation<M>) {
+    return every_part(m.a, leaf, into_documents);
+  } else if constexpr (kDocument<M>) {
+    return into_documents && every_part(m.inner, leaf, into_documents);
+  } else {
+    return leaf(m);
+  }
 }
-template <class A, class B>
-bool runtime_head_invariant(const OrMask<A, B>& m) {
-  return runtime_head_invariant(m.a) && runtime_head_invariant(m.b);
-}
-template <class A>
-bool runtime_head_invariant(const NotMask<A>& m) {
-  return runtime_head_invariant(m.a);
-}
-template <class Inner>
-bool runtime_head_invariant(const DocumentMask<Inner>& m) {
-  return runtime_head_invariant(m.inner);
-}
+
+// is_head_invariant<M>(), but looking through the combinators (and document
+// masks) at run time, so that AndMask<AnyMask, AnyMask> of two invariant
+// AnyMasks is invariant (its compile-time answer must be false).
 template <class M>
 bool runtime_head_invariant(const M& m) {
-  if constexpr (requires { m.invariant_over_heads(); }) {
-    return m.invariant_over_heads();  // AnyMask
-  } else {
-    return is_head_invariant<M>();
-  }
+  return every_part(
+      m,
+      [](const auto& part) {
+        using P = std::remove_cvref_t<decltype(part)>;
+        if constexpr (requires { part.invariant_over_heads(); }) {
+          return part.invariant_over_heads();  // AnyMask
+        } else {
+          return is_head_invariant<P>();
+        }
+      },
+      true);
 }
 
 // Whether m depends on kv - q (and kv_len - q_len) alone: the description's
 // `shift_invariant`, looking through and / or / not and AnyMask at run time
 // (a document mask is not: it knows where its segments start).
 template <class M>
-bool runtime_shift_invariant(const M& m);
-template <class A, class B>
-bool runtime_shift_invariant(const AndMask<A, B>& m);
-template <class A, class B>
-bool runtime_shift_invariant(const OrMask<A, B>& m);
-template <class A>
-bool runtime_shift_invariant(const NotMask<A>& m);
-
-template <class A, class B>
-bool runtime_shift_invariant(const AndMask<A, B>& m) {
-  return runtime_shift_invariant(m.a) && runtime_shift_invariant(m.b);
-}
-template <class A, class B>
-bool runtime_shift_invariant(const OrMask<A, B>& m) {
-  return runtime_shift_invariant(m.a) && runtime_shift_invariant(m.b);
-}
-template <class A>
-bool runtime_shift_invariant(const NotMask<A>& m) {
-  return runtime_shift_invariant(m.a);
-}
-template <class M>
 bool runtime_shift_invariant(const M& m) {
-  if constexpr (requires { m.invariant_over_shifts(); }) {
-    return m.invariant_over_shifts();  // AnyMask
-  } else if constexpr (requires { M::shift_invariant; }) {
-    return M::shift_invariant;
-  } else {
-    return false;
-  }
+  return every_part(
+      m,
+      [](const auto& part) {
+        using P = std::remove_cvref_t<decltype(part)>;
+        if constexpr (requires { part.invariant_over_shifts(); }) {
+          return part.invariant_over_shifts();  // AnyMask
+        } else if constexpr (requires { P::shift_invariant; }) {
+          return P::shift_invariant;
+        } else {
+          return false;
+        }
+      },
+      false);
 }
 
 }  // namespace detail

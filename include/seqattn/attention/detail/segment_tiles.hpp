@@ -120,6 +120,24 @@ class SegmentTiles {
   std::vector<std::vector<TileWindow>> kv_window_, q_window_;
 };
 
+// Appends to `out` the refs of `run` (ordered by the tile index `index_of`
+// reads from a ref) inside `window` that `refine_of` keeps, marked where the
+// kernel compares segments. Binary search to the window: a call costs the
+// tiles it keeps, not the plan's (a static causal plan lists every tile below
+// the diagonal; a document's tiles are a few of them).
+template <class Ref, class IndexOf, class RefineOf>
+void keep_refined(std::span<const Ref> run, TileWindow window, const IndexOf& index_of, const RefineOf& refine_of,
+                  std::vector<Ref>& out) {
+  auto it = std::partition_point(run.begin(), run.end(), [&](const Ref& r) { return index_of(r) < window.first; });
+  for (; it != run.end() && index_of(*it) <= window.last; ++it) {
+    const SegmentRefinement how = refine_of(index_of(*it));
+    if (how == SegmentRefinement::drop) continue;
+    Ref ref = *it;
+    ref.by_segments = how == SegmentRefinement::mask;
+    out.push_back(ref);
+  }
+}
+
 // The forward's work with each unit's tiles refined: the same units, tasks
 // and splits (so the partials merge as planned), dropped tiles gone, the
 // order recomputed from the tiles left. The plan's column bits are not
@@ -132,18 +150,19 @@ inline TiledWork refine_tiled_work(const TiledWork& w, const SegmentTiles& st) {
   r.column_tile_bytes = w.column_tile_bytes;
   r.dvp = w.dvp;
   r.tiles.reserve(w.tiles.size());
+  const std::span<const TileRef> tiles(w.tiles);
   for (WorkUnit& u : r.units) {
-    const std::size_t begin = r.tiles.size();
     const TileWindow window = st.kv_window(u.sequence, u.q_block);
-    for (std::size_t i = u.tiles_begin; i < u.tiles_end; ++i) {
-      TileRef ref = w.tiles[i];
-      if (!window.contains(ref.kv_block)) continue;
-      const SegmentRefinement how = st.refine(u.sequence, u.q_block, ref.kv_block);
-      if (how == SegmentRefinement::drop) continue;
-      ref.by_segments = how == SegmentRefinement::mask;
-      r.tiles.push_back(ref);
-    }
+    const auto kv_block_of = [](const TileRef& t) { return t.kv_block; };
+    const auto refine_of = [&](std::int32_t kv_block) { return st.refine(u.sequence, u.q_block, kv_block); };
+    const std::size_t begin = r.tiles.size();
+    keep_refined(tiles.subspan(u.tiles_begin, u.partial_begin - u.tiles_begin), window, kv_block_of, refine_of,
+                 r.tiles);
+    const std::size_t partial_begin = r.tiles.size();
+    keep_refined(tiles.subspan(u.partial_begin, u.tiles_end - u.partial_begin), window, kv_block_of, refine_of,
+                 r.tiles);
     u.tiles_begin = begin;
+    u.partial_begin = partial_begin;
     u.tiles_end = r.tiles.size();
   }
   r.order = order_tasks(r.units, r.splits);

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -58,6 +59,9 @@ struct QTileRef {
 struct KeyBlock {  // one kv-tile of one K/V head and the q-tiles that see it
   index_t kv_block = 0;
   std::size_t refs_begin = 0, refs_end = 0;  // into q_refs
+  // Its refs in runs of increasing q-block (per query head: the full q-tiles,
+  // then the partial ones): run i starts at ref_runs[runs_begin + i].
+  std::size_t runs_begin = 0, runs_end = 0;  // into ref_runs
 };
 
 struct KeyTask {  // dK, dV of a range of kv-tiles of one K/V head; their dQ share goes to copy `copy`
@@ -84,6 +88,7 @@ struct TiledBackwardWork {
   std::vector<KeyTask> key_tasks;
   std::vector<KeyBlock> key_blocks;
   std::vector<QTileRef> q_refs;
+  std::vector<std::size_t> ref_runs;  // KeyBlock::runs_begin
   std::vector<QueryTask> query_tasks;
   std::vector<index_t> key_order;  // longest first
   index_t dkp = 0, dvp = 0;        // the kernel's padded head dims
@@ -156,11 +161,14 @@ inline void plan_key_tasks(const AttentionShape& shape, const BlockMask& bm, Til
     for (index_t kvh = 0; kvh < shape.kv_heads; ++kvh) {
       KeyGroup group{b, kvh, w.key_blocks.size(), 0};
       for (index_t kb = 0; kb < bm.num_kv_blocks(b); ++kb) {
-        KeyBlock block{kb, w.q_refs.size(), 0};
+        KeyBlock block{kb, w.q_refs.size(), 0, w.ref_runs.size(), 0};
         for (index_t h = kvh * shape.group(); h < (kvh + 1) * shape.group(); ++h) {
+          w.ref_runs.push_back(w.q_refs.size());
+          w.ref_runs.push_back(w.q_refs.size() + static_cast<std::size_t>(t.num_full_blocks(b, h, kb)));
           for_each_listed_tile(t, b, h, kb, [&](TileRef r) { w.q_refs.push_back({h, r.kv_block, r.tile_id}); });
         }
         block.refs_end = w.q_refs.size();
+        block.runs_end = w.ref_runs.size();
         w.key_blocks.push_back(block);  // also when no q-tile sees it: its dK and dV are zeros
       }
       group.blocks_end = w.key_blocks.size();
@@ -199,7 +207,7 @@ TiledBackwardWork plan_tiled_backward(const AttentionShape& shape, const BlockMa
 // compares segments, and the key tasks cut again at the visits left (so the
 // result stays independent of the worker count).
 inline TiledBackwardWork refine_backward_work(const TiledBackwardWork& w, const SegmentTiles& st) {
-  TiledBackwardWork r;
+  TiledBackwardWork r;  // every field of w but q_refs, ref_runs (refined below) and the key tasks (cut again)
   r.key_groups = w.key_groups;
   r.key_blocks = w.key_blocks;
   r.query_tasks = w.query_tasks;
@@ -211,21 +219,24 @@ inline TiledBackwardWork refine_backward_work(const TiledBackwardWork& w, const 
   r.q_block_base = w.q_block_base;
   r.q_blocks = w.q_blocks;
   r.q_block_slots = w.q_block_slots;
+  const std::span<const QTileRef> refs(w.q_refs);
   for (const KeyGroup& g : r.key_groups) {
     for (std::size_t i = g.blocks_begin; i < g.blocks_end; ++i) {
       KeyBlock& block = r.key_blocks[i];
-      const std::size_t begin = r.q_refs.size();
       const TileWindow window = st.q_window(g.sequence, block.kv_block);
-      for (std::size_t k = block.refs_begin; k < block.refs_end; ++k) {
-        QTileRef ref = w.q_refs[k];
-        if (!window.contains(ref.q_block)) continue;
-        const SegmentRefinement how = st.refine(g.sequence, ref.q_block, block.kv_block);
-        if (how == SegmentRefinement::drop) continue;
-        ref.by_segments = how == SegmentRefinement::mask;
-        r.q_refs.push_back(ref);
+      const auto q_block_of = [](const QTileRef& t) { return t.q_block; };
+      const auto refine_of = [&](std::int32_t q_block) { return st.refine(g.sequence, q_block, block.kv_block); };
+      const std::size_t begin = r.q_refs.size(), runs_begin = r.ref_runs.size();
+      for (std::size_t run = block.runs_begin; run < block.runs_end; ++run) {
+        const std::size_t first = w.ref_runs[run],
+                          last = run + 1 < block.runs_end ? w.ref_runs[run + 1] : block.refs_end;
+        r.ref_runs.push_back(r.q_refs.size());
+        keep_refined(refs.subspan(first, last - first), window, q_block_of, refine_of, r.q_refs);
       }
       block.refs_begin = begin;
       block.refs_end = r.q_refs.size();
+      block.runs_begin = runs_begin;
+      block.runs_end = r.ref_runs.size();
     }
   }
   cut_key_tasks(r);

@@ -47,6 +47,9 @@ struct WorkUnit {
   index_t q_end = 0;
   std::size_t tiles_begin = 0;  // into the flat TileRef list
   std::size_t tiles_end = 0;
+  // Where the partial tiles start: [tiles_begin, partial_begin) are the full
+  // ones; each part is in increasing kv-block order (BlockMask's rows).
+  std::size_t partial_begin = 0;
 
   // Rows are ordered (K/V group, query, head within the group).
   index_t group_rows() const { return (q_end - q_begin) * group_heads; }
@@ -121,6 +124,7 @@ void collect_units(const AttentionShape& shape, const BlockMask& bm, TiledWork& 
         WorkUnit u{b, h0, group_heads, kv_groups, qb, qb * kBq, std::min(q_len, (qb + 1) * kBq), w.tiles.size(), 0};
         for_each_listed_tile(bm, b, h0, qb, [&](TileRef t) { w.tiles.push_back(t); });
         u.tiles_end = w.tiles.size();
+        u.partial_begin = u.tiles_begin + static_cast<std::size_t>(bm.num_full_blocks(b, h0, qb));
         w.units.push_back(u);
       }
     }

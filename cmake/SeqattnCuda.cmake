@@ -8,19 +8,25 @@
 # headers (backends/device_mask.hpp, backends/cuda/*.hpp) and their test
 # (tests/cuda/*.cpp) build with the C++ compiler whatever this option says.
 
-# On by default when seqattn is the top-level project, builds tests, examples
-# or benchmarks, is not sanitized (the asan/tsan/fuzz presets turn it off too)
-# and an nvcc is found: on PATH, in CUDACXX, or in /usr/local/cuda/bin, which
-# non-login shells (CI) often lack on PATH.
+# On by default when seqattn is the top-level project, builds tests, examples,
+# benchmarks or the Python package's CUDA module (SEQATTN_BUILD_PYTHON, unless
+# SEQATTN_PYTHON_CUDA is OFF), is not sanitized (the asan/tsan/fuzz presets
+# turn it off too) and an nvcc is found: on PATH, in CUDACXX, or in
+# /usr/local/cuda/bin, which non-login shells (CI) often lack on PATH.
 set(_seqattn_cuda_default OFF)
 set(_seqattn_cuda_wanted OFF)
+set(_seqattn_python_cuda_wanted OFF)
+if(SEQATTN_BUILD_PYTHON AND (NOT DEFINED SEQATTN_PYTHON_CUDA OR SEQATTN_PYTHON_CUDA))
+  set(_seqattn_python_cuda_wanted ON)
+endif()
 if(DEFINED SEQATTN_BUILD_CUDA)
   set(_seqattn_cuda_wanted ${SEQATTN_BUILD_CUDA})
 elseif(PROJECT_IS_TOP_LEVEL
        AND SEQATTN_SANITIZE STREQUAL ""
        AND (SEQATTN_BUILD_TESTS
             OR SEQATTN_BUILD_EXAMPLES
-            OR SEQATTN_BUILD_BENCHMARKS))
+            OR SEQATTN_BUILD_BENCHMARKS
+            OR _seqattn_python_cuda_wanted))
   set(_seqattn_cuda_wanted ON)
 endif()
 if(_seqattn_cuda_wanted
@@ -96,8 +102,14 @@ endif()
 #     target as the C++ tests;
 #   - diagnostic 1675 ("unrecognized GCC pragma"): the EDG front end does not
 #     know `#pragma GCC unroll` (backends/highway-inl.h); g++ still does.
+#   - the CUDA runtime: shared for the tests, benchmarks and examples; static
+#     in a Python build, so that seqattn._cuda needs no libcudart at run time.
 add_library(seqattn_cuda_options INTERFACE)
-target_link_libraries(seqattn_cuda_options INTERFACE seqattn::seqattn CUDA::cudart)
+if(SEQATTN_BUILD_PYTHON)
+  target_link_libraries(seqattn_cuda_options INTERFACE seqattn::seqattn CUDA::cudart_static)
+else()
+  target_link_libraries(seqattn_cuda_options INTERFACE seqattn::seqattn CUDA::cudart)
+endif()
 set(_seqattn_cuda_flags ${_seqattn_cuda_std_flag} -Xcompiler=-Wall -Xcompiler=-Wextra --diag-suppress=1675)
 if(SEQATTN_WARNINGS_AS_ERRORS)
   list(APPEND _seqattn_cuda_flags -Xcompiler=-Werror --Werror=all-warnings)
@@ -159,5 +171,9 @@ foreach(_type bfloat16 float16)
   endforeach()
 endforeach()
 add_library(seqattn_cuda_instances OBJECT ${_seqattn_cuda_instance_sources})
+if(SEQATTN_BUILD_PYTHON)
+  # Linked into seqattn._cuda, a shared module.
+  set_target_properties(seqattn_cuda_instances PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endif()
 target_link_libraries(seqattn_cuda_instances PUBLIC seqattn_cuda_options)
 target_compile_definitions(seqattn_cuda_instances PUBLIC SEQATTN_CUDA_SEPARATE_INSTANCES)

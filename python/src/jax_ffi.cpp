@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "core_api.hpp"
 #include "internal.hpp"
 
 #ifdef SEQATTN_PY_HAVE_XLA_FFI
@@ -187,12 +188,9 @@ std::shared_ptr<const EnginePlan> call_plan(std::int64_t mask_id, const Attentio
                              [&] { return plan_engine(shape, registered_mask(mask_id), backward, threads); });
   }
   return id_plans->get(PlanKey{mask_id, backward, threads, shape, id_operands({q_ids, kv_ids, q_pos, kv_pos})}, [&] {
-    const auto ki = kv_ids.element_count() == 0 ? qi : ids_view(kv_ids, "kv_segment_ids");
-    const auto qp = ids_view(q_pos, "q_positions");
-    const auto kp = kv_pos.element_count() == 0 ? qp : ids_view(kv_pos, "kv_positions");
-    auto layout = std::make_shared<const DocumentLayout>(DocumentLayout::from_segment_ids(qi, ki, qp, kp));
-    const AnyMask mask(document_mask(*layout, registered_mask(mask_id)), layout);
-    return plan_engine(shape, mask, backward, threads);
+    const CoreFfiIds ids{qi, ids_view(kv_ids, "kv_segment_ids"), ids_view(q_pos, "q_positions"),
+                         ids_view(kv_pos, "kv_positions")};
+    return plan_engine(shape, ffi_call_mask(mask_id, ids), backward, threads);
   });
 }
 
@@ -286,6 +284,14 @@ ffi::Error backward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, f
 
 }  // namespace
 
+AnyMask ffi_call_mask(std::int64_t mask_id, const CoreFfiIds& ids) {
+  if (ids.q_ids.rank() == 0) return registered_mask(mask_id);
+  const auto ki = ids.kv_ids.rank() == 0 ? ids.q_ids : ids.kv_ids;
+  const auto kp = ids.kv_pos.rank() == 0 ? ids.q_pos : ids.kv_pos;
+  auto layout = std::make_shared<const DocumentLayout>(DocumentLayout::from_segment_ids(ids.q_ids, ki, ids.q_pos, kp));
+  return AnyMask(document_mask(*layout, registered_mask(mask_id)), layout);
+}
+
 XLA_FFI_DEFINE_HANDLER(kAttentionForward, forward_impl,
                        ffi::Ffi::Bind()
                            .Arg<ffi::AnyBuffer>()         // q
@@ -353,6 +359,10 @@ void bind_jax_ffi(nb::module_& m) {
 }
 
 #else
+
+AnyMask ffi_call_mask(std::int64_t, const CoreFfiIds&) {
+  detail::throw_invalid("seqattn.jax: this build of seqattn has no XLA FFI handlers (no mask was registered)");
+}
 
 void bind_jax_ffi(nb::module_& m) {
   m.attr("has_xla_ffi") = false;

@@ -1,0 +1,44 @@
+"""seqattn._cuda, the CUDA backend (backends::Cuda), when this build of seqattn has it.
+
+The module is built only where nvcc was found (python/CMakeLists.txt, option SEQATTN_PYTHON_CUDA) and
+is imported only when a caller needs it: ``import seqattn`` and the CPU paths never load it, nor any
+CUDA library. It links the CUDA runtime statically and needs the NVIDIA driver only to run on a GPU.
+"""
+
+_NOT_LOADED = object()
+_module = _NOT_LOADED
+_reason = None
+
+
+def module():
+    """seqattn._cuda, or None when this build of seqattn has none (:func:`reason` says why)."""
+    global _module, _reason
+    if _module is _NOT_LOADED:
+        try:
+            from . import _cuda
+        except ModuleNotFoundError as e:
+            if e.name not in ("seqattn._cuda", __package__ + "._cuda"):
+                raise
+            _module, _reason = None, (
+                "this build of seqattn has no CUDA module (seqattn._cuda): it was built without nvcc or with "
+                "-DSEQATTN_PYTHON_CUDA=OFF; rebuild it where nvcc is found (on PATH, CUDACXX or "
+                "/usr/local/cuda/bin): pip install --force-reinstall <seqattn source>")
+        except ImportError as e:
+            _module, _reason = None, f"seqattn._cuda is there but does not load: {e}"
+        else:
+            _module = _cuda
+    return _module
+
+
+def reason():
+    """Why :func:`module` is None (None when it is not)."""
+    module()
+    return _reason
+
+
+def require(who):
+    """seqattn._cuda; ValueError naming ``who`` when this build has none."""
+    m = module()
+    if m is None:
+        raise ValueError(f"{who}: CUDA tensors need seqattn's CUDA backend, but {_reason}")
+    return m

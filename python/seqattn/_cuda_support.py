@@ -5,6 +5,8 @@ is imported only when a caller needs it: ``import seqattn`` and the CPU paths ne
 CUDA library. It links the CUDA runtime statically and needs the NVIDIA driver only to run on a GPU.
 """
 
+import importlib
+
 _NOT_LOADED = object()
 _module = _NOT_LOADED
 _reason = None
@@ -15,9 +17,9 @@ def module():
     global _module, _reason
     if _module is _NOT_LOADED:
         try:
-            from . import _cuda
+            _cuda = importlib.import_module(__package__ + "._cuda")
         except ModuleNotFoundError as e:
-            if e.name not in ("seqattn._cuda", __package__ + "._cuda"):
+            if e.name != __package__ + "._cuda":
                 raise
             _module, _reason = None, (
                 "this build of seqattn has no CUDA module (seqattn._cuda): it was built without nvcc or with "

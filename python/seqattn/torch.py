@@ -348,6 +348,12 @@ def _lse_desc(t):
     return t.data_ptr(), list(t.shape), list(t.stride())
 
 
+def _cuda_rows_ok(t):
+    """Whether backends::Cuda reads ``t`` [B, H, S, D] in place: head dim contiguous, 16-byte rows."""
+    _, sh, ss, sd = t.stride()
+    return sd == 1 and ss % 8 == 0 and sh % 8 == 0 and (t.storage_offset() * t.element_size()) % 16 == 0
+
+
 def _check_cuda_rows(t, name, who):
     """The row layout backends::Cuda reads (16-byte row copies) and writes, checked before any CUDA call."""
     sb, sh, ss, sd = t.stride()
@@ -450,6 +456,10 @@ def _forward_cuda(q, k, v, segment_ids, kv_segment_ids, positions, kv_positions,
 def _backward_cuda(q, k, v, out, lse, dout, segment_ids, kv_segment_ids, positions, kv_positions, sinks, handle,
                    scale, softcap, threads):
     who = "seqattn.torch.attention (backward)"
+    if not _cuda_rows_ok(dout):
+        # dout is autograd's, not the caller's (an expanded ones for out.sum(), ...): copied into the BSHD
+        # layout the kernels read. q, k, v and out are never copied.
+        dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
     cuda = _check_cuda_tensors(q, k, v, (("out", out), ("lse", lse), ("dout", dout)), who)
     p = _cuda_call_plan(cuda, q, k, v, (segment_ids, kv_segment_ids, positions, kv_positions), handle, True, who)
 

@@ -308,8 +308,15 @@ def test_torch_cuda_kernel_plans_documents_per_call(recording):
                                            st._handle(inner), None, None, -1)
     bwd = recording.calls[-1]
     assert bwd[0] == "backward" and recording.calls[-2][5] is True  # planned with backward
+    assert bwd[8][0] == dout.data_ptr()  # read in place
     assert [d[0] for d in bwd[9:12]] == [dq.data_ptr(), dk.data_ptr(), dv.data_ptr()]
     assert dq.shape == q.shape and dsinks.shape == (0,)
+    # autograd's dout of out.sum() is an expanded tensor (strides 0): copied into BSHD rows, the only copy.
+    ones = torch.ones((), dtype=out.dtype).expand(out.shape)
+    st._backward_cuda(q, k, v, out, lse, ones, ids, None, None, None, None, st._handle(inner), None, None, -1)
+    _, shape, strides = recording.calls[-1][8]
+    assert shape == [1, 128, 2, 64] and strides == [128 * 2 * 64, 2 * 64, 64, 1]
+    assert recording.calls[-1][3][0] == q.data_ptr()
 
 
 def test_torch_cuda_kernel_refuses_cpu_plans(recording):

@@ -124,6 +124,11 @@ void copy_to_host(void* host, const void* device, std::size_t bytes, void* strea
 }
 
 int device_of(const void* pointer, const char* name) {
+  if (pointer == nullptr) {  // an empty buffer: the current device
+    int device = 0;
+    cuda::check(cudaGetDevice(&device), "cudaGetDevice");
+    return device;
+  }
   cudaPointerAttributes attr{};
   cuda::check(cudaPointerGetAttributes(&attr, pointer), "cudaPointerGetAttributes");
   seqattn::detail::require(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged, name,

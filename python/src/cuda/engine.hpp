@@ -67,7 +67,8 @@ void backward(const Plan& plan, const RunOptions& options, const AttentionInputs
 // cudaMemcpyAsync device -> host of `bytes` on `stream` (segment ids, which
 // planning reads on the host); waits for the stream when `wait`.
 void copy_to_host(void* host, const void* device, std::size_t bytes, void* stream, bool wait);
-// The device that `pointer` (device memory) lives on; throws for host memory.
+// The device that `pointer` (device memory) lives on, the current device for
+// null (an empty buffer); throws for host memory.
 int device_of(const void* pointer, const char* name);
 // cudaMemsetAsync(0) of `bytes` at `device` on `stream`.
 void zero_async(void* device, std::size_t bytes, void* stream);

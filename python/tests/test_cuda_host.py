@@ -117,6 +117,17 @@ def test_plan_checks_raise_before_any_cuda_call(q, k, v, message):
 
 
 @needs_module
+def test_backward_head_dims_are_checked_before_any_cuda_call():
+    cuda = _cuda_support.module()
+    shape = _bshd(1, 128, 2, 256)
+    cuda._check_plan(shape, shape, shape, None)  # the forward pass takes 256
+    for call in (lambda: cuda._check_plan(shape, shape, shape, None, True),
+                 lambda: cuda._plan(shape, shape, shape, None, True, 0)):
+        with pytest.raises(ValueError, match=r"backward pass supports head dims up to 128, got dk 256 and dv 256"):
+            call()
+
+
+@needs_module
 def test_mask_checks_cross_into_core():
     cuda = _cuda_support.module()
     ids = np.repeat([[1, 2, 0]], [40, 60, 28], axis=1)  # one row of 128 tokens

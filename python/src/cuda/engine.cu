@@ -65,14 +65,19 @@ int plan_device(const Plan& plan) { return plan.device(); }
 
 BlockShape block_shape() { return backends::Cuda::block_shape(); }
 
-void check_plan_request(const AttentionShape& shape) {
-  seqattn::detail::check_plan_request<backends::Cuda>(shape, plan_options(false), 1);
+void check_plan_request(const AttentionShape& shape, bool backward) {
+  seqattn::detail::check_plan_request<backends::Cuda>(shape, plan_options(backward), 1);
+  // What plan_backward_launch checks too, but only after the forward half is uploaded.
+  seqattn::detail::require(
+      !backward || (shape.dk <= cuda::kMaxBackwardHeadDim && shape.dv <= cuda::kMaxBackwardHeadDim),
+      "Cuda backend: the backward pass supports head dims up to ", cuda::kMaxBackwardHeadDim, ", got dk ", shape.dk,
+      " and dv ", shape.dv, " (plan with backward = false for the forward pass)");
 }
 
 std::shared_ptr<const Plan> make_plan(const AttentionShape& shape, std::shared_ptr<const BlockMask> block_mask,
                                       bool backward, int device) {
   // Host-side checks first: a bad request fails before any CUDA call.
-  check_plan_request(shape);
+  check_plan_request(shape, backward);
   seqattn::detail::require(block_mask != nullptr, "plan_attention: block_mask is null");
   seqattn::detail::require_matching_block_mask<backends::Cuda>(*block_mask, shape);
   const DeviceGuard guard(device);

@@ -29,8 +29,9 @@ int plan_device(const Plan& plan);
 BlockShape block_shape();
 
 // Everything planning checks before it touches the GPU (limits, head ratio,
-// head dims the kernels have, ...): throws seqattn::invalid_argument.
-void check_plan_request(const AttentionShape& shape);
+// head dims the kernels have, those of the backward pass when `backward`):
+// throws seqattn::invalid_argument.
+void check_plan_request(const AttentionShape& shape, bool backward);
 
 // Plans `shape` on CUDA device `device` (made current for the call, then
 // restored) with a BlockMask built for block_shape(); uploads the mask.

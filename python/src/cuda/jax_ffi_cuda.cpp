@@ -138,7 +138,7 @@ std::shared_ptr<const cuda_engine::Plan> call_plan(std::int64_t mask_id, const A
   static auto* id_plans = new PlanCache(4);
   PlanCache& cache = ids.values[0].empty() ? *static_plans : *id_plans;
   // The checks that need no device come before the BlockMask is built.
-  cuda_engine::check_plan_request(shape);
+  cuda_engine::check_plan_request(shape, backward);
   return cache.get(PlanKey{mask_id, backward, device, shape, ids}, [&] {
     return cuda_engine::make_plan(shape, core_ffi_block_mask(mask_id, ids.views(), shape), backward, device);
   });

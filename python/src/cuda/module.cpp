@@ -87,7 +87,7 @@ std::string plan_repr(const PyPlan& p) {
 // q, k, v shapes (BSHD) -> the call shape; the checks planning does on the
 // host. No CUDA call.
 AttentionShape checked_shape(const std::vector<std::int64_t>& q, const std::vector<std::int64_t>& k,
-                             const std::vector<std::int64_t>& v) {
+                             const std::vector<std::int64_t>& v, bool backward) {
   constexpr const char* kWho = "seqattn._cuda.plan";
   detail::require(q.size() == 4 && k.size() == 4 && v.size() == 4, kWho,
                   ": q, k, v must be BSHD [B, S, H, D] (the CUDA module takes no THD), got ranks ", q.size(), ", ",
@@ -95,13 +95,13 @@ AttentionShape checked_shape(const std::vector<std::int64_t>& q, const std::vect
   const AttentionShape shape =
       shape_of(AttentionInputs<float>{shape_probe(extents(q, kWho, "q")), shape_probe(extents(k, kWho, "k")),
                                       shape_probe(extents(v, kWho, "v")), nullptr});
-  cuda_engine::check_plan_request(shape);
+  cuda_engine::check_plan_request(shape, backward);
   return shape;
 }
 
 PyPlan make_plan(const std::vector<std::int64_t>& q, const std::vector<std::int64_t>& k,
                  const std::vector<std::int64_t>& v, nb::handle mask, bool backward, int device) {
-  const AttentionShape shape = checked_shape(q, k, v);
+  const AttentionShape shape = checked_shape(q, k, v, backward);
   const BlockShape block = cuda_engine::block_shape();
   std::shared_ptr<const BlockMask> bm = core_block_mask(mask.ptr(), shape, block);
   detail::require(device >= 0, "seqattn._cuda.plan: device must be a CUDA device index >= 0, got ", device);
@@ -113,8 +113,8 @@ PyPlan make_plan(const std::vector<std::int64_t>& q, const std::vector<std::int6
 // (the BlockMask is built and dropped). seqattn.torch runs them before it
 // allocates anything on the device.
 void check_plan(const std::vector<std::int64_t>& q, const std::vector<std::int64_t>& k,
-                const std::vector<std::int64_t>& v, nb::handle mask) {
-  const AttentionShape shape = checked_shape(q, k, v);
+                const std::vector<std::int64_t>& v, nb::handle mask, bool backward) {
+  const AttentionShape shape = checked_shape(q, k, v, backward);
   (void)core_block_mask(mask.ptr(), shape, cuda_engine::block_shape());
 }
 

@@ -241,7 +241,7 @@ NB_MODULE(_cuda, m) {
         nb::arg("backward"), nb::arg("device"),
         "Plans BSHD shapes under a seqattn mask (None: full) on CUDA device `device` (uploads the mask).");
   m.def("_check_plan", &check_plan, nb::arg("q_shape"), nb::arg("k_shape"), nb::arg("v_shape"), nb::arg("mask").none(),
-        "What _plan checks before it touches the GPU; raises ValueError.");
+        nb::arg("backward") = false, "What _plan checks before it touches the GPU; raises ValueError.");
   def_typed(m, "_forward", &forward_py<seqattn::bfloat16>, &forward_py<seqattn::float16>);
   def_typed(m, "_backward", &backward_py<seqattn::bfloat16>, &backward_py<seqattn::float16>);
   bind_cuda_jax_ffi(m);

@@ -335,6 +335,12 @@ class CudaPlan:
 
 _CUDA_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
+if torch.version.cuda is not None:
+    # Loaded now, not on the first CUDA call: torch.compile traces the checks of that call, and an import
+    # there would break the graph. Loading needs no CUDA library (the runtime is linked in statically, the
+    # driver is opened on the first CUDA call).
+    _cuda_support.module()
+
 
 def _bshd_desc(t):
     """(data pointer, BSHD shape, BSHD strides in elements) of a tensor [B, H, S, D]: no copy."""

@@ -65,18 +65,25 @@ def test_module_is_there_exactly_when_built_with_cuda():
 
 
 def test_import_seqattn_loads_no_cuda_library():
-    # The CPU package never maps the CUDA runtime (the CUDA module links it statically, and is not
-    # imported by `import seqattn`).
+    # The CPU package never loads seqattn._cuda nor a CUDA library: import seqattn and seqattn.jax (whose
+    # CUDA registration waits for the first call).
     import subprocess
     import sys
 
-    code = ("import seqattn, seqattn.torch, sys; "
-            "maps = open('/proc/self/maps').read(); "
-            "print('seqattn._cuda' in sys.modules, 'libcudart' in maps and 'seqattn' in maps)")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    loaded, _ = out.stdout.split()
-    assert loaded == "False"
+    code = ("import seqattn, seqattn.jax, sys; maps = open('/proc/self/maps').read(); "
+            "print('seqattn._cuda' in sys.modules, 'libcudart' in maps, 'libcuda.so' in maps)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "False"], out.stdout + out.stderr
+
+
+@needs_module
+def test_cuda_module_links_no_cuda_runtime_library():
+    import subprocess
+
+    path = _cuda_support.module().__file__
+    needed = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
+    assert "libstdc++" in needed  # ldd did list the module's libraries
+    assert "libcudart" not in needed and "libcuda." not in needed, needed
 
 
 def test_core_api_capsule():
@@ -248,6 +255,40 @@ def test_torch_cuda_fake_op_traces_with_cuda_outputs():
         out, lse = st.attention(q, k, v, seqattn.CausalMask(), enable_gqa=True, return_lse=True)
         assert out.device == q.device and out.shape == (1, 4, 128, 128) and out.dtype == torch.float16
         assert lse.device == q.device and lse.shape == (1, 4, 128) and lse.dtype == torch.float32
+
+
+@needs_module
+def test_seqattn_torch_loads_the_cuda_module_at_import():
+    # Dynamo cannot trace an import (importlib.import_module is skipped): seqattn.torch loads seqattn._cuda
+    # when it is imported, where torch has CUDA, so that the first traced CUDA call finds it loaded.
+    import subprocess
+    import sys
+
+    code = "import seqattn.torch, sys, torch; print(torch.version.cuda is not None, 'seqattn._cuda' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    torch_has_cuda, loaded = out.stdout.split()[-2:]
+    assert loaded == torch_has_cuda, out.stdout
+
+
+@needs_module
+def test_torch_cuda_step_traces_in_one_graph():
+    # Dynamo (torch.export strict: the tracer of torch.compile(fullgraph=True)) traces the CUDA path's
+    # checks and the op without a graph break, segment ids as graph inputs.
+    causal = seqattn.CausalMask()
+
+    class Step(torch.nn.Module):
+        def forward(self, q, k, v, ids):
+            return st.attention(q, k, v, causal, segment_ids=ids, softcap=20.0)
+
+    with FakeTensorMode():
+        q, k, v = fake_qkv()
+        ids = torch.ones(1, 128, dtype=torch.int32, device="cuda")
+    program = torch.export.export(Step(), (q, k, v, ids), strict=True)
+    calls = [n for n in program.graph.nodes if n.op == "call_function" and "seqattn" in str(n.target)]
+    assert [str(n.target) for n in calls] == ["seqattn.attention_forward.default"]
+    assert [a.name if hasattr(a, "name") else a for a in calls[0].args[:4]] == ["q", "k", "v", "ids"]
+    out = [n for n in program.graph.nodes if n.op == "output"][0].args[0][0]
+    assert out.meta["val"].device.type == "cuda"
 
 
 class RecordingCuda:

@@ -1,8 +1,9 @@
 """seqattn._cuda, the CUDA backend (backends::Cuda), when this build of seqattn has it.
 
 The module is built only where nvcc was found (python/CMakeLists.txt, option SEQATTN_PYTHON_CUDA) and
-is imported only when a caller needs it: ``import seqattn`` and the CPU paths never load it, nor any
-CUDA library. It links the CUDA runtime statically and needs the NVIDIA driver only to run on a GPU.
+is imported only when a caller needs it (seqattn.jax on its first call, seqattn.torch when it is imported
+where torch has CUDA): ``import seqattn`` never loads it. It links the CUDA runtime statically and opens
+the NVIDIA driver on its first CUDA call, so loading it needs no CUDA library.
 """
 
 import importlib

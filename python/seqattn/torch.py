@@ -384,7 +384,8 @@ def _device_index(t):
 
 
 def _host_ids(t):
-    return None if t is None else t.detach().to("cpu", torch.int32).numpy()
+    # Copied to the host as they are: DocumentMask range-checks wider integers, never truncates them.
+    return None if t is None else t.detach().cpu().numpy()
 
 
 _cuda_plans = {}  # (handle, shapes, backward, device) -> CudaPlan of a static mask

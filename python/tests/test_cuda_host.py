@@ -371,6 +371,15 @@ def test_torch_cuda_kernel_plans_documents_per_call(recording):
     assert recording.calls[-1][3][0] == q.data_ptr()
 
 
+def test_torch_cuda_kernel_range_checks_wide_ids(recording):
+    q, k, v = (torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16) for _ in range(3))
+    ids = torch.ones(1, 128, dtype=torch.int64)
+    ids[0, -1] = 2**40  # would wrap to 0 (padding) in int32
+    with pytest.raises(ValueError, match="segment_ids"):
+        st._forward_cuda(q, k, v, ids, None, None, None, None, st._handle(seqattn.CausalMask()), None, None, -1)
+    assert recording.calls == []
+
+
 def test_torch_cuda_kernel_refuses_cpu_plans(recording):
     q, k, v = (torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16) for _ in range(3))
     cpu_plan = st.plan(q, k, v, seqattn.CausalMask(), device="cpu")

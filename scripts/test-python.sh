@@ -57,7 +57,27 @@ step "dependencies"
 
 launcher=()
 if command -v ccache >/dev/null 2>&1; then
-  launcher=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  launcher=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache
+    --config-settings=cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+# seqattn._cuda, the CUDA module, is built where nvcc is found (python/CMakeLists.txt);
+# SEQATTN_PYTHON_CUDA=OFF|ON (environment) forces it off or on, and tells
+# python/tests/test_cuda_host.py what to expect. Without a GPU its tests run on
+# the host only, so the build is the compile check of scripts/test.sh's release
+# stage: PTX for one architecture (CUDAARCHS=90-virtual: no ptxas), device code
+# unoptimized (CUDAFLAGS -Xcicc -O0), the .cu files' host code at -O0, and the
+# kernel instances in one file per storage type (SEQATTN_CUDA_INSTANCE_FILES:
+# nvcc's fixed cost per file, not the kernels, is most of such a build; 2 files
+# instead of 20 took the instances from 254 s to 29 s at -j2 here).
+cuda_config=()
+if [[ -n "${SEQATTN_PYTHON_CUDA:-}" ]]; then
+  cuda_config+=(--config-settings=cmake.define.SEQATTN_PYTHON_CUDA="$SEQATTN_PYTHON_CUDA")
+fi
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  if [[ -z "${CUDAARCHS:-}" ]]; then export CUDAARCHS=90-virtual; fi
+  if [[ "${CUDAFLAGS:-}" != *-Xcicc* ]]; then export CUDAFLAGS="${CUDAFLAGS:-} -Xcicc -O0"; fi
+  cuda_config+=(--config-settings=cmake.define.CMAKE_CUDA_FLAGS_RELEASE=-DNDEBUG
+    --config-settings=cmake.define.SEQATTN_CUDA_INSTANCE_FILES=type)
 fi
 # The wheel is built from an sdist, as a package index would build it, so a
 # file missing from the sdist fails here too. The sdist is mirrored into a
@@ -111,7 +131,7 @@ wheel_dir="$root/build/python-wheel"
 rm -rf "$wheel_dir"
 CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
   "$py" -m pip wheel --no-build-isolation --no-deps -q -w "$wheel_dir" \
-  --config-settings=build-dir="$build_dir" "${launcher[@]}" "$sdist_src"
+  --config-settings=build-dir="$build_dir" "${launcher[@]}" "${cuda_config[@]}" "$sdist_src"
 wheels=("$wheel_dir"/seqattn-*.whl)
 if [[ ${#wheels[@]} != 1 || ! -f "${wheels[0]}" ]]; then
   echo "test-python: FAILED: expected one seqattn wheel in $wheel_dir, found: ${wheels[*]}" >&2

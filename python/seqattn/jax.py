@@ -1,8 +1,12 @@
-"""seqattn's CPU attention engine inside ``jax.jit``, through the XLA FFI.
+"""seqattn's attention engines inside ``jax.jit``, through the XLA FFI.
 
 ``attention(q, k, v, mask=..., segment_ids=..., positions=...)`` takes BSHD
 arrays ``[..., S, H, D]`` (any leading dims: batch, vmapped dims), float32 or
-bfloat16, and runs the C++ engine as a CPU custom call. It is differentiable
+bfloat16, and runs the C++ engine as a CPU custom call. On a GPU (a jax with
+the CUDA plugin, and seqattn built with its CUDA module, seqattn._cuda) the
+same custom call runs ``backends::Cuda`` on XLA's stream, on bfloat16 arrays
+(float32 runs on the CPU only and fails there at run time); segment ids are
+then copied to the host for planning (the call waits for them). It is differentiable
 (``jax.custom_vjp`` with the engine's deterministic backward pass; the
 returned LSE is not differentiated) and batches under ``vmap``.
 
@@ -38,7 +42,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from . import _core
+from . import _core, _cuda_support
 from ._arrays import as_int32, check_threads
 from ._core import FullMask, Mask
 
@@ -95,7 +99,7 @@ def _check_ffi_api(built, runtime, built_jaxlib="unknown"):
 if _core.has_xla_ffi:
     _check_ffi_api(_core.xla_ffi_api_version, _runtime_ffi_api_version(), _core.xla_ffi_jaxlib_version)
 
-__all__ = ["attention"]
+__all__ = ["attention", "registered_platforms"]
 
 _FORWARD = "seqattn_attention_forward"
 _BACKWARD = "seqattn_attention_backward"
@@ -104,7 +108,31 @@ _masks = {}  # id(mask) -> (mask, registry id); holding the mask keeps its id() 
 _FULL = FullMask()
 
 
+_platforms = []  # the platforms the handlers were registered for
+
+
+def _jax_has_cuda():
+    """Whether this jax has a CUDA backend (the jax-cuda plugin, and a device it initialised)."""
+    try:
+        return len(jax.devices("cuda")) > 0
+    except RuntimeError:  # no CUDA plugin, or it found no GPU
+        return False
+
+
+def _cuda_handlers():
+    """seqattn._cuda's XLA handlers for platform CUDA, or None (no CUDA module, or one built without jaxlib)."""
+    cuda = _cuda_support.module()
+    if cuda is None or not cuda.has_xla_ffi:
+        return None
+    return cuda.ffi_handlers()
+
+
 def _register_targets():
+    """Registers the handlers: for the CPU always, for CUDA where this jax has a CUDA backend and seqattn a CUDA
+    module. The names are the same, so one traced computation runs on either platform.
+
+    Skipped for CUDA (and jit on a GPU then reports the target as missing) where either is absent.
+    """
     global _registered
     if _registered:
         return
@@ -116,7 +144,21 @@ def _register_targets():
         )
     for name, capsule in _core.ffi_handlers().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+    _platforms.append("cpu")
+    if _jax_has_cuda():
+        handlers = _cuda_handlers()
+        if handlers is not None:
+            for name, capsule in handlers.items():
+                jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+            _platforms.append("cuda")
     _registered = True
+
+
+def registered_platforms():
+    """The platforms seqattn's XLA handlers are registered for: ``["cpu"]``, or ``["cpu", "cuda"]`` where
+    this jax has a CUDA backend and this build of seqattn its CUDA module (after the first call)."""
+    _register_targets()
+    return list(_platforms)
 
 
 def _mask_id(mask):

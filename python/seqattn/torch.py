@@ -1,4 +1,4 @@
-"""seqattn for PyTorch: the CPU engine as a custom op, and flex_attention BlockMasks.
+"""seqattn for PyTorch: the CPU engine (and, for CUDA tensors, backends::Cuda) as a custom op, and flex_attention BlockMasks.
 
 ``attention(q, k, v, mask)`` runs seqattn's CPU engine on torch tensors in
 flex_attention's layout (q ``[B, Hq, S, D]``, k / v ``[B, Hkv, S_kv, D]``) as
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask as FlexBlockMask
 
-from . import _core
+from . import _core, _cuda_support
 from ._arrays import bf16_dtype, check_threads
 from ._core import BlockMask, Mask
 from .attention import Plan
@@ -210,6 +210,9 @@ def _call(q, k, v, ids, handle, backward, threads):
     obj = _objects.get(handle) if handle else None
     if isinstance(obj, Plan):
         return {"plan": obj}
+    if isinstance(obj, CudaPlan):
+        raise ValueError(f"seqattn.torch.attention: {obj!r} runs CUDA tensors; q, k, v are on the CPU (make the "
+                         "plan with seqattn.torch.plan on CPU tensors or shapes)")
     # The mask planned once per call shape; segment ids go with each call, refining that plan (seqattn.attention).
     key = (handle, tuple(q.shape), tuple(k.shape), tuple(v.shape), backward, threads)
     p = _plans.get(key)
@@ -299,7 +302,187 @@ def _autograd_backward(ctx, dout, dlse):
 _forward_op.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
-def _check_ids(t, name, b, s, who):
+# ---- the same ops on CUDA tensors: backends::Cuda through seqattn._cuda ----
+#
+# Zero-copy: the module gets each tensor's data pointer and its strides in the
+# BSHD order the engine reads ([B, H, S, D] viewed as [B, S, H, D]), and the
+# current torch stream of the tensors' device. Layouts the kernels cannot read
+# (head dim not contiguous, rows not 16-byte aligned) raise ValueError: nothing
+# is copied to fix them. Planning (the mask's BlockMask, uploaded once per
+# plan) runs on the host: segment ids on the GPU are copied to the host for it
+# (the call then waits for them).
+
+class CudaPlan:
+    """A plan of seqattn's CUDA backend for one call shape on one device (:func:`plan` on CUDA tensors)."""
+
+    __slots__ = ("_plan", "_device")
+
+    def __init__(self, cuda_plan, device):
+        self._plan = cuda_plan
+        self._device = device
+
+    @property
+    def backward(self):
+        return self._plan.backward
+
+    @property
+    def device(self):
+        return self._device
+
+    def __repr__(self):
+        return repr(self._plan)
+
+
+_CUDA_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+if torch.version.cuda is not None:
+    # Loaded now, not on the first CUDA call: torch.compile traces the checks of that call, and an import
+    # there would break the graph. Loading needs no CUDA library (the runtime is linked in statically, the
+    # driver is opened on the first CUDA call).
+    _cuda_support.module()
+
+
+def _bshd_desc(t):
+    """(data pointer, BSHD shape, BSHD strides in elements) of a tensor [B, H, S, D]: no copy."""
+    b, h, s, d = t.shape
+    sb, sh, ss, sd = t.stride()
+    return t.data_ptr(), [b, s, h, d], [sb, ss, sh, sd]
+
+
+def _lse_desc(t):
+    """(data pointer, shape, strides) of an LSE [B, H, S] (the engine's BSHD LSE layout)."""
+    return t.data_ptr(), list(t.shape), list(t.stride())
+
+
+def _cuda_rows_ok(t):
+    """Whether backends::Cuda reads ``t`` [B, H, S, D] in place: head dim contiguous, 16-byte rows."""
+    _, sh, ss, sd = t.stride()
+    return sd == 1 and ss % 8 == 0 and sh % 8 == 0 and (t.storage_offset() * t.element_size()) % 16 == 0
+
+
+def _check_cuda_rows(t, name, who):
+    """The row layout backends::Cuda reads (16-byte row copies) and writes, checked before any CUDA call."""
+    sb, sh, ss, sd = t.stride()
+    offset_bytes = t.storage_offset() * t.element_size()
+    if sd != 1:
+        raise ValueError(f"{who}: {name} must be contiguous in the head dim (stride 1) on CUDA, got shape "
+                         f"{tuple(t.shape)} with strides {tuple(t.stride())}; tensors are not copied to fix "
+                         "this: pass .contiguous()")
+    if ss % 8 or sh % 8 or offset_bytes % 16:
+        raise ValueError(f"{who}: {name} rows must be 16-byte aligned on CUDA (sequence and head strides multiples "
+                         f"of 8 elements, a 16-byte aligned start), got shape {tuple(t.shape)} with strides "
+                         f"{tuple(t.stride())} and storage offset {t.storage_offset()}")
+
+
+def _cuda_stream(device):
+    """The current torch stream of ``device``, as the cudaStream_t value the CUDA module takes."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _device_index(t):
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _host_ids(t):
+    # Copied to the host as they are: DocumentMask range-checks wider integers, never truncates them.
+    return None if t is None else t.detach().cpu().numpy()
+
+
+_cuda_plans = {}  # (handle, shapes, backward, device) -> CudaPlan of a static mask
+
+
+def _cuda_call_plan(cuda, q, k, v, ids, handle, backward, who):
+    """The CudaPlan of a call: the one given, the cached plan of a static mask, or one over this call's ids."""
+    device = _device_index(q)
+    obj = _objects.get(handle) if handle else None
+    if isinstance(obj, CudaPlan):
+        if obj.device != device:
+            raise ValueError(f"{who}: {obj!r} was made on cuda:{obj.device}, q is on cuda:{device}")
+        return obj._plan
+    if isinstance(obj, Plan):
+        raise ValueError(f"{who}: {obj!r} is a CPU plan; q, k, v are CUDA tensors (make the plan with "
+                         "seqattn.torch.plan on CUDA tensors, or pass device=)")
+    shapes = [_bshd_desc_shape(t) for t in (q, k, v)]
+    if ids[0] is not None:  # a document mask over this call's ids: planned per call
+        from .masks import DocumentMask
+
+        segment_ids, kv_segment_ids, positions, kv_positions = (_host_ids(t) for t in ids)
+        mask = DocumentMask(segment_ids, positions, obj, kv_segment_ids=kv_segment_ids, kv_segment_pos=kv_positions)
+        return cuda._plan(*shapes, mask, backward, device)
+    key = (handle, tuple(map(tuple, shapes)), backward, device)
+    p = _cuda_plans.get(key)
+    if p is None:
+        p = cuda._plan(*shapes, obj, backward, device)
+        if len(_cuda_plans) >= _MAX_CACHED_PLANS:
+            _cuda_plans.pop(next(iter(_cuda_plans)))
+        _cuda_plans[key] = p
+    return p
+
+
+def _bshd_desc_shape(t):
+    b, h, s, d = t.shape
+    return [b, s, h, d]
+
+
+def _check_cuda_tensors(q, k, v, extra, who):
+    """Devices, dtypes and layouts of a CUDA call, before any CUDA call (ValueError naming the argument)."""
+    cuda = _cuda_support.require(who)
+    for name, t in (("q", q), ("k", k), ("v", v)) + tuple(extra):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{who}: {name} is on {t.device} but q is on {q.device}: all tensors of a call must be "
+                             "on one device")
+    if q.dtype not in _CUDA_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"{who}: on CUDA, q, k and v must all be bfloat16 or all float16 (backends::Cuda's "
+                         f"storage, fp32 accumulation), got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v)) + tuple(extra):
+        if t is not None and t.dim() == 4:
+            _check_cuda_rows(t, name, who)
+    return cuda
+
+
+def _sinks_list(sinks):
+    return None if sinks is None else sinks.detach().to("cpu", torch.float32).tolist()
+
+
+@_forward_op.register_kernel("cuda")
+def _forward_cuda(q, k, v, segment_ids, kv_segment_ids, positions, kv_positions, sinks, handle, scale, softcap,
+                  threads):
+    who = "seqattn.torch.attention"
+    cuda = _check_cuda_tensors(q, k, v, (), who)
+    p = _cuda_call_plan(cuda, q, k, v, (segment_ids, kv_segment_ids, positions, kv_positions), handle, False, who)
+    b, h, s, _ = q.shape
+    out = torch.empty((b, s, h, v.shape[-1]), dtype=q.dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    cuda._forward(_CUDA_DTYPES[q.dtype], p, _bshd_desc(q), _bshd_desc(k), _bshd_desc(v), _bshd_desc(out),
+                  _lse_desc(lse), math.nan if scale is None else scale, 0.0 if softcap is None else softcap,
+                  _sinks_list(sinks), _cuda_stream(q.device))
+    return out, lse
+
+
+@_backward_op.register_kernel("cuda")
+def _backward_cuda(q, k, v, out, lse, dout, segment_ids, kv_segment_ids, positions, kv_positions, sinks, handle,
+                   scale, softcap, threads):
+    who = "seqattn.torch.attention (backward)"
+    if not _cuda_rows_ok(dout):
+        # dout is autograd's, not the caller's (an expanded ones for out.sum(), ...): copied into the BSHD
+        # layout the kernels read. q, k, v and out are never copied.
+        dout = dout.transpose(1, 2).contiguous().transpose(1, 2)
+    cuda = _check_cuda_tensors(q, k, v, (("out", out), ("lse", lse), ("dout", dout)), who)
+    p = _cuda_call_plan(cuda, q, k, v, (segment_ids, kv_segment_ids, positions, kv_positions), handle, True, who)
+
+    def grad(t):  # zeroed, as on the CPU
+        b, h, s, d = t.shape
+        return torch.zeros((b, s, h, d), dtype=t.dtype, device=t.device).transpose(1, 2)
+
+    dq, dk, dv = grad(q), grad(k), grad(v)
+    cuda._backward(_CUDA_DTYPES[q.dtype], p, _bshd_desc(q), _bshd_desc(k), _bshd_desc(v), _bshd_desc(out),
+                   _lse_desc(lse), _bshd_desc(dout), _bshd_desc(dq), _bshd_desc(dk), _bshd_desc(dv),
+                   math.nan if scale is None else scale, 0.0 if softcap is None else softcap, _sinks_list(sinks),
+                   _cuda_stream(q.device))
+    return dq, dk, dv, _sinks_grad(out, lse, dout, sinks)
+
+
+def _check_ids(t, name, b, s, who, device):
     if t is None:
         return
     if not isinstance(t, torch.Tensor):
@@ -307,8 +490,8 @@ def _check_ids(t, name, b, s, who):
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or tuple(t.shape) != (b, s):
         raise ValueError(f"{who}: {name} must be an integer tensor of shape ({b}, {s}), got {t.dtype} of shape "
                          f"{tuple(t.shape)}")
-    if t.device.type != "cpu":
-        raise ValueError(f"{who}: {name} must be on the CPU, got device {t.device}")
+    if t.device.type != "cpu" and t.device != device:
+        raise ValueError(f"{who}: {name} must be on the CPU or on q's device {device}, got device {t.device}")
 
 
 def _check_qkv(q, k, v, enable_gqa, who):
@@ -316,9 +499,15 @@ def _check_qkv(q, k, v, enable_gqa, who):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{who}: {name} must be a 4-D torch.Tensor [B, H, S, D], got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-        if t.device.type != "cpu":
-            raise ValueError(f"{who}: {name} must be a CPU tensor (seqattn's CPU engine), got device {t.device}")
-    if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{who}: {name} must be a CPU tensor (seqattn's CPU engine) or a CUDA tensor "
+                             f"(backends::Cuda), got device {t.device}")
+        if t.device != q.device:
+            raise ValueError(f"{who}: q, k and v must be on one device, got q on {q.device} and {name} on "
+                             f"{t.device} (shapes q {tuple(q.shape)}, {name} {tuple(t.shape)})")
+    if q.device.type == "cuda":
+        _check_cuda_tensors(q, k, v, (), who)  # the CUDA module, dtypes and row layouts
+    elif q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"{who}: q, k and v must all be float32 or all bfloat16 (the engine's storage types; "
                          f"convert float16 with .float() or .bfloat16()), got {q.dtype}, {k.dtype}, {v.dtype}")
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
@@ -336,17 +525,27 @@ def _check_qkv(q, k, v, enable_gqa, who):
                          f"got {shapes}")
 
 
-def plan(q, k, v, mask=None, *, backward=True, threads=None):
+def plan(q, k, v, mask=None, *, backward=True, threads=None, device=None):
     """A seqattn :class:`~seqattn.Plan` for :func:`attention` on tensors (or shapes) ``[B, H, S, D]``.
 
     ``backward=True`` (the default) plans the backward pass too; ``threads`` (None: ``torch.get_num_threads()``)
-    is what the work is split for.
+    is what the work is split for. On CUDA (``device`` a CUDA device, or None and ``q`` a CUDA tensor) it is
+    a :class:`CudaPlan` of backends::Cuda on that device, which uploads the mask once.
     """
     shapes = [tuple(int(d) for d in (x.shape if hasattr(x, "shape") else x)) for x in (q, k, v)]
     for name, s in zip("qkv", shapes):
         if len(s) != 4:
             raise ValueError(f"seqattn.torch.plan: {name} must be [B, H, S, D], got shape {s}")
     bshd = [(s[0], s[2], s[1], s[3]) for s in shapes]
+    if device is None and isinstance(q, torch.Tensor):
+        device = q.device
+    device = None if device is None else torch.device(device)
+    if device is not None and device.type == "cuda":
+        if mask is not None and not isinstance(mask, Mask):
+            raise ValueError(f"seqattn.torch.plan: mask must be a seqattn.Mask or None, got {type(mask).__name__}")
+        cuda = _cuda_support.require("seqattn.torch.plan")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return CudaPlan(cuda._plan(*bshd, mask, bool(backward), index), index)
     threads = torch.get_num_threads() if threads is None else threads
     return _np_plan(*bshd, mask, backward=backward, threads=threads)
 
@@ -375,6 +574,10 @@ def attention(q, k, v, mask=None, *, segment_ids=None, kv_segment_ids=None, posi
     ``softcap`` None/0 disables; ``sinks``: a float tensor ``[Hq]`` of sink logits (gpt-oss).
     ``threads``: None runs on ``torch.get_num_threads()`` threads (read when the op runs); 0 on every
     hardware thread. A row no key may attend to gets 0 (flex_attention and SDPA give NaN or the mean of v).
+
+    CUDA tensors (bfloat16 or float16, all on one device) run seqattn's CUDA backend (seqattn._cuda) on the
+    current torch stream, zero-copy: the head dim must be contiguous and rows 16-byte aligned (ValueError
+    otherwise; nothing is copied). A build without the CUDA module raises ValueError saying so.
     """
     who = "seqattn.torch.attention"
     _check_qkv(q, k, v, enable_gqa, who)
@@ -382,17 +585,22 @@ def attention(q, k, v, mask=None, *, segment_ids=None, kv_segment_ids=None, posi
     if mask is not None and not isinstance(mask, Mask):
         raise ValueError(f"{who}: mask must be a seqattn.Mask or None, got {type(mask).__name__}")
     if plan is not None:
-        if not isinstance(plan, Plan):
-            raise ValueError(f"{who}: plan must be a seqattn.Plan (from seqattn.torch.plan), got "
+        if not isinstance(plan, (Plan, CudaPlan)):
+            raise ValueError(f"{who}: plan must be a seqattn.Plan or CudaPlan (from seqattn.torch.plan), got "
                              f"{type(plan).__name__}")
+        if isinstance(plan, CudaPlan) != (q.device.type == "cuda"):
+            raise ValueError(f"{who}: {plan!r} does not run tensors on {q.device}; make the plan with "
+                             "seqattn.torch.plan on tensors of this device")
         if mask is not None or segment_ids is not None:
             raise ValueError(f"{who}: the plan already holds the mask; give mask / segment_ids or a plan, not both")
     ids = {"segment_ids": (segment_ids, s), "kv_segment_ids": (kv_segment_ids, s_kv), "positions": (positions, s),
            "kv_positions": (kv_positions, s_kv)}
     for name, (t, n) in ids.items():
-        _check_ids(t, name, b, n, who)
+        _check_ids(t, name, b, n, who, q.device)
     if segment_ids is None and any(t is not None for t, _ in ids.values()):
         raise ValueError(f"{who}: kv_segment_ids / positions / kv_positions given without segment_ids")
+    if isinstance(sinks, torch.Tensor) and sinks.device.type != "cpu" and sinks.device != q.device:
+        raise ValueError(f"{who}: sinks must be on the CPU or on q's device {q.device}, got device {sinks.device}")
     if sinks is not None and (not isinstance(sinks, torch.Tensor) or not sinks.dtype.is_floating_point
                               or tuple(sinks.shape) != (q.shape[1],)):
         raise ValueError(f"{who}: sinks must be a float tensor of one logit per query head, shape ({q.shape[1]},), "
@@ -407,4 +615,4 @@ def attention(q, k, v, mask=None, *, segment_ids=None, kv_segment_ids=None, posi
     return (out, lse.detach()) if return_lse else out
 
 
-__all__ = ["attention", "block_mask", "block_mask_arrays", "plan", "tile_mask_mod"]
+__all__ = ["CudaPlan", "attention", "block_mask", "block_mask_arrays", "plan", "tile_mask_mod"]

@@ -157,6 +157,14 @@ void bind_descriptors(nb::module_& m);
 void bind_masks(nb::module_& m);
 void bind_attention(nb::module_& m);
 void bind_jax_ffi(nb::module_& m);
+void bind_core_api(nb::module_& m);
+
+struct CoreFfiIds;
+// The mask an XLA call runs: the one seqattn.jax registered as `mask_id`,
+// inside a document mask over the call's segment ids when they are given
+// (owning its layout). jax_ffi.cpp; used by the CPU handlers and, through
+// the CoreApi (core_api.hpp), by the CUDA ones.
+AnyMask ffi_call_mask(std::int64_t mask_id, const CoreFfiIds& ids);
 
 // The engine, shared by the NumPy bindings and the XLA FFI handlers: the
 // runtime-dispatched kernels (backends::Dispatched, src/dispatch.cc), planned

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "core_api.hpp"
 #include "internal.hpp"
 
 #ifdef SEQATTN_PY_HAVE_XLA_FFI
@@ -292,6 +293,14 @@ ffi::Error backward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, f
 
 }  // namespace
 
+AnyMask ffi_call_mask(std::int64_t mask_id, const CoreFfiIds& ids) {
+  if (ids.q_ids.rank() == 0) return registered_mask(mask_id);
+  const auto ki = ids.kv_ids.rank() == 0 ? ids.q_ids : ids.kv_ids;
+  const auto kp = ids.kv_pos.rank() == 0 ? ids.q_pos : ids.kv_pos;
+  auto layout = std::make_shared<const DocumentLayout>(DocumentLayout::from_segment_ids(ids.q_ids, ki, ids.q_pos, kp));
+  return AnyMask(document_mask(*layout, registered_mask(mask_id)), layout);
+}
+
 XLA_FFI_DEFINE_HANDLER(kAttentionForward, forward_impl,
                        ffi::Ffi::Bind()
                            .Arg<ffi::AnyBuffer>()         // q
@@ -359,6 +368,10 @@ void bind_jax_ffi(nb::module_& m) {
 }
 
 #else
+
+AnyMask ffi_call_mask(std::int64_t, const CoreFfiIds&) {
+  detail::throw_invalid("seqattn.jax: this build of seqattn has no XLA FFI handlers (no mask was registered)");
+}
 
 void bind_jax_ffi(nb::module_& m) {
   m.attr("has_xla_ffi") = false;

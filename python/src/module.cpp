@@ -51,6 +51,7 @@ NB_MODULE(_core, m) {
   seqattn::python::bind_masks(m);
   seqattn::python::bind_attention(m);
   seqattn::python::bind_jax_ffi(m);
+  seqattn::python::bind_core_api(m);
 #ifdef SEQATTN_PY_HAVE_SPLASH
   bind_splash(m);
 #endif

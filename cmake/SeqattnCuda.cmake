@@ -147,7 +147,8 @@ endfunction()
 # 8 s of front-end work (cudafe++, cicc and g++ parsing the headers) before
 # any kernel code, so on two cores a compile-only build (90-virtual,
 # -Xcicc -O0: little kernel code generation) is about twice as fast with
-# "type"; scripts/test-python.sh uses it where there is no GPU.
+# "type"; scripts/test.sh (release) and scripts/test-python.sh use it where
+# there is no GPU.
 set(SEQATTN_CUDA_INSTANCE_FILES
     "configuration"
     CACHE STRING "How the CUDA kernel instances are split into files: configuration or type")

@@ -178,7 +178,7 @@ TEST_CASE("segment ids refine a static plan exactly as the document mask of thos
   CHECK(cases == 72);
 }
 
-TEST_CASE("segment ids: any mask means mask and same segment; cross-attention ids; decode and split-KV",
+TEST_CASE("segment ids: any mask means mask and same segment, with cross-attention ids, decode and split KV",
           "[segment_ids]") {
   std::mt19937 rng(77);
   SECTION("masks that know where a sequence starts are not the document mask") {

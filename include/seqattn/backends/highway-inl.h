@@ -24,7 +24,8 @@
 //   AVX3 (32 zmm): 4 x 6 = 24 accumulators + 4 Qt loads + 1 broadcast;
 //     per d step 4 loads + 6 broadcasts for 24 FMAs.
 //   16-register targets: 2 x 4. Few rows (<= 8, GQA-stacked decode), AVX3:
-//     ScoresRowPairs, lanes = 8 rows x 2 dims (see there); other 16-lane
+//     ScoresRowQuads, 2 vectors of 4 rows x 4 dims (see there); P.V one
+//     8-row x 3-vector block (AccumulatePv); other 16-lane
 //     targets: one half-width vector x 8 keys, so no lanes idle.
 // P.V register block: kPvRows rows x kPvVecs head-dim vectors.
 //   AVX3: 6 x 4 = 24 accumulators; per key 4 V loads + 6 broadcasts for 24
@@ -254,90 +255,25 @@ struct FlashKernel {
   }
 
 #if HWY_TARGET <= HWY_AVX3
-  // ---- Decode: 8 rows as 8 x 2 lanes (d even, d odd) ------------------------
-  // With 8 rows (a GQA group of 8, or fewer rows padded to 8) the loop above
-  // fills half a vector and issues one broadcast per K element. Here a lane
-  // holds (row, d parity): one 64-bit broadcast brings K[j][2i..2i+1] for all
-  // 16 lanes, so a K element costs half a broadcast and half an FMA; the two
-  // parities of a row are added once per key at the end.
-  // Register block: kPairKeys = 16 accumulators + 1 Q pair vector + 1
-  // broadcast. Per d pair: 1 Q load + 16 broadcasts (loads) for 16 FMAs.
-  // Q is interleaved into pairs once per call (dk/2 vectors: about 5% of
-  // the loop at dk = 128). Measured, 8 rows x 64 keys x d = 128 in cache, on
-  // the 2-vCPU Cascade Lake VM of tiled_forward.hpp: 1.5-2.0 us against
-  // 2.4-2.6 us for the half-width loop; 8 and 16 keys per block measured the
-  // same (16 keep more FMA chains in flight where pointers do not spill).
-  // End to end (bench/attention.cpp, GQA 32/4 fp32 decode over 32k keys, 2
-  // threads of a Sapphire Rapids VM, two rounds each): 9.2 / 14.1 ms against
-  // 16.3 / 16.8 ms.
-  static constexpr int kPairKeys = 16;
-  static constexpr index_t kPairMaxDk = 512;  // stack buffer of interleaved Q
-
-  // InterleaveLower/Upper work within 128-bit blocks, so lane pair p of the
+  // ---- Decode: 8 rows ----------------------------------------------------------
+  // With 8 rows (a GQA group of 8, or fewer rows padded to 8) ScoresWith
+  // fills half a vector and issues one broadcast per K element. Until
+  // 2026-11-26 ScoresRowPairs did better with lanes of (row, d parity): one
+  // 64-bit broadcast brought K[j][2i..2i+1] for all 16 lanes (measured then:
+  // 1.5-2.0 against 2.4-2.6 us per 8 x 64 tile on a Cascade Lake VM; GQA 32/4
+  // fp32 decode over 32k keys on a Sapphire Rapids VM 9.2 / 14.1 against
+  // 16.3 / 16.8 ms). ScoresRowQuads below replaces it. Its pair layout lives on
+  // in Bf16DotKernel::scores_decode (bf16 pairs, 4 dims a 64-bit broadcast):
+  // InterleaveLower/Upper work within 128-bit blocks, so lane pair p of an
   // interleaved Q vector holds row {0, 1, 4, 5, 2, 3, 6, 7}[p]. After the
   // pair sums of keys j and j + 1 are blended (key j in even lanes, j + 1 in
   // odd ones), output lane t (t < 8: key j, row t; t >= 8: key j + 1, row
   // t - 8) is read from lane kPairUnpermute[t].
+  static constexpr index_t kPairMaxDk = 512;  // stack buffers of rearranged Q
   static constexpr std::int32_t kPairUnpermute[16] = {0, 2, 8, 10, 4, 6, 12, 14, 1, 3, 9, 11, 5, 7, 13, 15};
 
-  static void ScoresRowPairs(const float* HWY_RESTRICT qt, index_t dk, const float* HWY_RESTRICT k, index_t k_stride,
-                             index_t cols, float* HWY_RESTRICT st) {
-    static_assert(kLanes == 16, "kPairUnpermute assumes 16 fp32 lanes");
-    const D d;
-    const hn::Half<D> dh;
-    const hn::RebindToSigned<D> di;
-    const hn::Repartition<std::uint64_t, D> du64;
-    const index_t pairs = dk / 2, odd = dk % 2;
-    HWY_ALIGN float qp[kPairMaxDk / 2 * 16 + 16];
-    for (index_t i = 0; i < pairs; ++i) {
-      const auto even = hn::Load(dh, qt + 2 * i * kBlockQ), oddv = hn::Load(dh, qt + (2 * i + 1) * kBlockQ);
-      hn::Store(hn::Combine(d, hn::InterleaveUpper(dh, even, oddv), hn::InterleaveLower(dh, even, oddv)), d,
-                qp + 16 * i);
-    }
-    if (odd) {  // last d alone: its odd lanes are zero
-      const auto even = hn::Load(dh, qt + 2 * pairs * kBlockQ), zero = hn::Zero(dh);
-      hn::Store(hn::Combine(d, hn::InterleaveUpper(dh, even, zero), hn::InterleaveLower(dh, even, zero)), d,
-                qp + 16 * pairs);
-    }
-    const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, kPairUnpermute));
-    for (index_t j0 = 0; j0 < cols; j0 += kPairKeys) {
-      const int keys = static_cast<int>(std::min<index_t>(kPairKeys, cols - j0));
-      const float* kp[kPairKeys];
-      HWY_UNROLL(16)
-      for (int j = 0; j < kPairKeys; ++j) kp[j] = k + (j0 + std::min(j, keys - 1)) * k_stride;
-      V acc[kPairKeys];
-      HWY_UNROLL(16)
-      for (int j = 0; j < kPairKeys; ++j) acc[j] = hn::Zero(d);
-      for (index_t i = 0; i < pairs; ++i) {
-        const V q = hn::Load(d, qp + 16 * i);
-        HWY_UNROLL(16)
-        for (int j = 0; j < kPairKeys; ++j) {
-          std::uint64_t two;
-          std::memcpy(&two, kp[j] + 2 * i, sizeof(two));
-          acc[j] = hn::MulAdd(q, hn::BitCast(d, hn::Set(du64, two)), acc[j]);
-        }
-      }
-      if (odd) {  // K[dk - 1] in the even lanes only: 0 * inf would make the pair sum NaN
-        const V q = hn::Load(d, qp + 16 * pairs);
-        HWY_UNROLL(16)
-        for (int j = 0; j < kPairKeys; ++j) {
-          std::uint32_t last;
-          std::memcpy(&last, kp[j] + 2 * pairs, sizeof(last));
-          acc[j] = hn::MulAdd(q, hn::BitCast(d, hn::Set(du64, std::uint64_t{last})), acc[j]);
-        }
-      }
-      for (int j = 0; j < keys; j += 2) {
-        const V a = hn::Add(acc[j], hn::Shuffle2301(acc[j]));
-        const V b = hn::Add(acc[j + 1], hn::Shuffle2301(acc[j + 1]));
-        const V both = hn::TableLookupLanes(hn::OddEven(b, a), idx);
-        hn::Store(hn::LowerHalf(dh, both), dh, st + (j0 + j) * kBlockQ);
-        if (j + 1 < keys) hn::Store(hn::UpperHalf(dh, both), dh, st + (j0 + j + 1) * kBlockQ);
-      }
-    }
-  }
-
   // ---- Decode: 8 rows as 2 vectors of 4 rows x 4 dims -------------------------
-  // ScoresRowPairs' idea taken one step further: a 128-bit block holds one
+  // The pairs' idea taken one step further: a 128-bit block holds one
   // row's 4 consecutive dims (block b of Qd[i][h] is Q[4h + b][4i..4i+3]),
   // so one 128-bit broadcast of K[j][4i..4i+3] (a load-port broadcast, no
   // shuffle) feeds two FMAs: 8 rows x 4 dims. Per K element: 1/4 broadcast
@@ -351,8 +287,10 @@ struct FlashKernel {
   // keys 4 unpacks, 2 shuffles, 3 adds and one permute into St's [key][row]
   // layout.
   // Measured in cache (8 rows x 64 keys, d = 128, one thread of the 2-vCPU
-  // Intel Xeon VM with AMX, AVX3_DL, 2026-11-26): 1.02 us with the pairs,
-  // see the commit message for this version's figure.
+  // Intel Xeon VM with AMX and AVX512_BF16 of the README, AVX3_DL,
+  // 2026-11-26; FMA bound 0.79 us): 0.84-0.92 us against 0.96-1.04 us with
+  // the pairs. Traffic per 64-key tile: the K tile once (32 KiB fp32, from
+  // memory in decode), Qd 4 KiB and St 2 KiB in L1.
   static constexpr int kQuadKeys = 8;
 
   static void ScoresRowQuads(const float* HWY_RESTRICT qt, index_t dk, const float* HWY_RESTRICT k, index_t k_stride,
@@ -720,7 +658,7 @@ struct FlashKernel {
   // vector is loaded once per key and each broadcast of P feeds 3 FMAs; the
   // 6 + 2 row blocks of kPvRows loaded V twice per key and ran the 2-row block
   // at 8 accumulators. In cache, 8 rows x 64 keys, d = 128, the VM of
-  // ScoresRowQuads: 1.33 us before, see the commit message for after.
+  // ScoresRowQuads: 0.91 us against 1.33-1.41 us (FMA bound 0.79 us).
   template <bool kSelect>
   static void AccumulatePv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
                            index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {

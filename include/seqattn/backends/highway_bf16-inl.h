@@ -80,8 +80,10 @@
 //   loop bodies read half the bytes per MAC of the fp32 kernels.
 // Score variants (softcap, ALiBi, biases, score_mod, sinks) and masks act on
 // the fp32 scores and rows exactly as on the widening path: all supported.
+// Decode (<= kBlockQ / 4 rows) has blocks of its own for 8-row groups
+// (scores_decode, accumulate_pv_decode) and its own probe (decode_*): its
+// arithmetic, not the memory, bounded bf16 decode on the widening path.
 // Not taken (the task is left to the widening path, which handles them):
-//   decode (<= kBlockQ / 4 rows: memory-bound, nothing to gain from MACs),
 //   K with a head-dim stride other than 1 (K must be read in place as pairs),
 //   several K/V groups per task whose rows are not whole vectors.
 // ============================================================================
@@ -440,8 +442,9 @@ struct Bf16DotKernel {
 
 #if HWY_TARGET <= HWY_AVX3
   // ---- Decode: 8 rows per K/V group (a GQA group of 8, or up to 8 rows) --------
-  // FlashKernel::ScoresRowPairs' layout on bf16 pairs. In the generic blocks
-  // above 8 rows fill half a vector; here a 32-bit lane holds (row, half):
+  // The layout of the former FlashKernel::ScoresRowPairs (kPairUnpermute) on
+  // bf16 pairs. In the generic blocks above 8 rows fill half a vector; here a
+  // 32-bit lane holds (row, half):
   // lane pair p of Qd[i] holds row {0, 1, 4, 5, 2, 3, 6, 7}[p] (the order of
   // InterleaveLower/Upper, undone by FlashKernel::kPairUnpermute), its even
   // lane Q[r][4i..4i+1], its odd lane Q[r][4i+2..4i+3]. One 64-bit broadcast
@@ -460,12 +463,13 @@ struct Bf16DotKernel {
   //   and Pt2 2 KiB, O 4 KiB, all in L1. 64 VDPBF16PS per key and group
   //   (QK^T 32, P.V 32), against 128 FMAs plus the widening of 512 bytes
   //   on the fp32 path.
-  // Measured (bench/attention.cpp and the probe below, 2026-11-26, the
-  //   2-vCPU Intel Xeon VM with AMX of the README, AVX3_DL with AVX512_BF16):
-  //   VDPBF16PS runs at half the fp32 FMA's FLOP rate there (bench/
-  //   bf16_dot.cpp: 106 against 211 GFLOP/s), so the probe keeps decode on
-  //   AMX (or widening) on that CPU; the path is for CPUs whose pair dot is
-  //   fast (Zen 4/5), and the tests force it everywhere.
+  // Measured (bench/bf16_dot.cpp's BM_Probe, 4 in-cache tiles of 8 rows x 64
+  //   keys, d = 128, one thread, 2026-11-26, the 2-vCPU Intel Xeon VM with AMX
+  //   of the README, AVX3_DL with AVX512_BF16): pair dot 14.1-14.4 us, widen
+  //   13.2 us, AMX 4.5 us. VDPBF16PS runs at half the fp32 FMA's FLOP rate
+  //   there (bench/bf16_dot.cpp: 106 against 211 GFLOP/s), so the probe keeps
+  //   decode on AMX on that CPU (on widening without AMX); the pair path is
+  //   for CPUs whose pair dot is fast (Zen 4/5), and the tests force it everywhere.
   static constexpr int kDecodeKeys = 16;
   static constexpr int kDecodePvVecs = 3;
   static constexpr index_t kDecodeMaxDk = 512;  // stack buffer of Qd

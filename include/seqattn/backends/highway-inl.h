@@ -24,8 +24,7 @@
 //   AVX3 (32 zmm): 4 x 6 = 24 accumulators + 4 Qt loads + 1 broadcast;
 //     per d step 4 loads + 6 broadcasts for 24 FMAs.
 //   16-register targets: 2 x 4. Few rows (<= 8, GQA-stacked decode), AVX3:
-//     ScoresRowQuads, 2 vectors of 4 rows x 4 dims (see there); P.V one
-//     8-row x 3-vector block (AccumulatePv); other 16-lane
+//     ScoresRowQuads, 2 vectors of 4 rows x 4 dims (see there); other 16-lane
 //     targets: one half-width vector x 8 keys, so no lanes idle.
 // P.V register block: kPvRows rows x kPvVecs head-dim vectors.
 //   AVX3: 6 x 4 = 24 accumulators; per key 4 V loads + 6 broadcasts for 24
@@ -653,18 +652,14 @@ struct FlashKernel {
     }
   }
 
-  // Decode (at most 8 rows, AVX3): one row block of all the rows x 3
-  // head-dim vectors (24 accumulators + 3 V + 1 broadcast), so every V
-  // vector is loaded once per key and each broadcast of P feeds 3 FMAs; the
-  // 6 + 2 row blocks of kPvRows loaded V twice per key and ran the 2-row block
-  // at 8 accumulators. In cache, 8 rows x 64 keys, d = 128, the VM of
-  // ScoresRowQuads: 0.91 us against 1.33-1.41 us (FMA bound 0.79 us).
+  // Decode (at most 8 rows) keeps the 6 + 2 row blocks x 4 vectors: an 8-row x
+  // 3-vector block (24 accumulators, V loaded once per key) ran an in-cache
+  // 8 x 64 tile at 0.91 us against 1.33-1.41 us (d = 128, the VM of
+  // ScoresRowQuads), but GQA 32/4 fp32 decode over DRAM measured 2-10 %
+  // slower with it (three passes over each V tile's rows instead of two).
   template <bool kSelect>
   static void AccumulatePv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
                            index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
-#if HWY_TARGET <= HWY_AVX3
-    if (rows <= 8) return AccumulatePvBlocks<kSelect, 8, 3>(pt, rows, cols, v, v_stride, dvp, alpha, o);
-#endif
     AccumulatePvBlocks<kSelect, kPvRows, kPvVecs>(pt, rows, cols, v, v_stride, dvp, alpha, o);
   }
 

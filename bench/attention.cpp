@@ -6,7 +6,7 @@
 // be done. Each benchmark reports GFLOP/s and its fraction of the fp32 FMA
 // peak measured in this binary (bench/support) for the same thread count; decode also reports
 // the K/V bytes streamed per second and their fraction of the measured
-// streaming-read bandwidth. `tiles` is the fraction of (q-tile, kv-tile)
+// streaming-read bandwidth (at start-up, and beside the row: ReadBeside). `tiles` is the fraction of (q-tile, kv-tile)
 // pairs the engine visits (the rest are skipped as empty).
 #include "seqattn/attention.hpp"
 
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <memory>
 #include <new>
+#include <optional>
 #include <random>
 #include <string>
 #include <sys/mman.h>
@@ -79,6 +80,28 @@ double timed_forward_calls(benchmark::State& state, const Plan& plan, const Inpu
   return seconds / static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
 }
 
+// Decode rows: K/V bytes streamed per second, as a fraction of the
+// streaming-read bandwidth measured at start-up (bw_frac) and of the one
+// measured with the same thread count right before and right after this
+// row's timed calls (read_GBps_now, bw_frac_now): on a shared machine the
+// bandwidth moves between minutes, and the second fraction compares the row
+// with what the memory gave meanwhile.
+struct ReadBeside {
+  int threads = 1;
+  double before = 0;
+  explicit ReadBeside(int threads_) : threads(threads_), before(bench::read_gbps_now(threads_, 0.2)) {}
+  void report(benchmark::State& state, double kv_bytes, double per_call) const {
+    const double after = bench::read_gbps_now(threads, 0.2);
+    const double now = 0.5 * (before + after);
+    const auto& lim = bench::limits();
+    const double gbps = kv_bytes * 1e-9 / per_call;
+    state.counters["GBps"] = gbps;
+    state.counters["bw_frac"] = gbps / (threads == 1 ? lim.read_gbps_1t : lim.read_gbps_all);
+    state.counters["read_GBps_now"] = now;
+    state.counters["bw_frac_now"] = gbps / now;
+  }
+};
+
 template <class M>
 double allowed_pairs(const M& mask, index_t q_len, index_t kv_len) {
   const MaskContext ctx{0, 0, q_len, kv_len};
@@ -115,6 +138,9 @@ void run_attention(benchmark::State& state, const M& mask, index_t batch, index_
   const auto plan = plan_attention<backends::Highway>(shape_of(in), mask, {}, threads);
   const BlockMask& bm = plan.block_mask();
   execution::ThreadPool pool(threads);
+  const bool decode = q_len <= 4;  // bandwidth-bound on streaming K and V once per KV head
+  std::optional<ReadBeside> read;
+  if (decode) read.emplace(threads);
   const double per_call = timed_forward_calls(state, plan, in, out, lse, pool);
   const double gflops =
       2.0 * static_cast<double>(batch * heads * (d + d)) * allowed_pairs(mask, q_len, kv_len) * 1e-9 / per_call;
@@ -123,11 +149,7 @@ void run_attention(benchmark::State& state, const M& mask, index_t batch, index_
   state.counters["peak_frac"] = gflops / (threads == 1 ? lim.fma_gflops_1t : lim.fma_gflops_all);
   const double visited = static_cast<double>(bm.num_full_tiles() + bm.num_partial_tiles());
   state.counters["tiles"] = visited / static_cast<double>(bm.num_tiles());
-  if (q_len <= 4) {  // decode: bandwidth-bound on streaming K and V once per KV head
-    const double gbps = static_cast<double>(batch * kv_len * kv_heads * 2 * d) * sizeof(T) * 1e-9 / per_call;
-    state.counters["GBps"] = gbps;
-    state.counters["bw_frac"] = gbps / (threads == 1 ? lim.read_gbps_1t : lim.read_gbps_all);
-  }
+  if (decode) read->report(state, static_cast<double>(batch * kv_len * kv_heads * 2 * d) * sizeof(T), per_call);
   state.SetLabel(std::string(backends::Highway::target()) + (std::is_same_v<T, float> ? " f32" : " bf16"));
 }
 
@@ -216,11 +238,9 @@ void run_paged_decode(benchmark::State& state, index_t heads, index_t kv_heads) 
   Tensor<float> lse({1, heads, 1});
   const auto plan = plan_attention<backends::Highway>(shape_of(in), FullMask{}, {}, threads);
   execution::ThreadPool pool(threads);
+  const ReadBeside read(threads);
   const double per_call = timed_forward_calls(state, plan, in, out, lse, pool);
-  const auto& lim = bench::limits();
-  const double gbps = static_cast<double>(kKv * kv_heads * 2 * kDim) * sizeof(T) * 1e-9 / per_call;
-  state.counters["GBps"] = gbps;
-  state.counters["bw_frac"] = gbps / (threads == 1 ? lim.read_gbps_1t : lim.read_gbps_all);
+  read.report(state, static_cast<double>(kKv * kv_heads * 2 * kDim) * sizeof(T), per_call);
   state.SetLabel(std::string(backends::Highway::target()) + (std::is_same_v<T, float> ? " f32" : " bf16") + " paged");
 }
 template <class T>
@@ -237,6 +257,7 @@ BENCHMARK_TEMPLATE(BM_PagedDecodeGqa8, float)
     ->UseManualTime();
 BENCHMARK_TEMPLATE(BM_PagedDecodeGqa8, bfloat16)->Args({16, 2})->Unit(benchmark::kMillisecond)->UseManualTime();
 BENCHMARK_TEMPLATE(BM_PagedDecodeGqa8x1, float)->Args({16, 2})->Unit(benchmark::kMillisecond)->UseManualTime();
+BENCHMARK_TEMPLATE(BM_PagedDecodeGqa8x1, bfloat16)->Args({16, 2})->Unit(benchmark::kMillisecond)->UseManualTime();
 
 // Backward pass, causal, d = 128, 8 heads; args: sequence length, threads.
 // Reports the backward time over the forward time (FlashAttention-2's goal

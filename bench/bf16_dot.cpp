@@ -12,7 +12,8 @@
 //        V -> fp32; pair dot: none for K, read in place; for P.V, pack V and
 //        round/pack P), conv 0 the kernel only
 //   BM_Probe           the automatic choice's one-time probe: seconds per tile
-//                      of each path and the choice (1 = pair dot)
+//                      of each path and the choice (1 = pair dot); dec_*: the
+//                      decode probe (4 tiles of 8 rows x 64 keys)
 //   BM_PrefillCausal/s/threads/path   end to end, causal, d = 128, 8 heads,
 //        1, 2 and all hardware threads;
 //        path 0: widen, 1: pair dot, 2: automatic, 3: fp32 inputs (baseline)
@@ -162,6 +163,10 @@ void BM_Probe(benchmark::State& state) {
   state.counters["widen_us"] = s.widen * 1e6;
   state.counters["pairdot_us"] = s.pairs < 1e29 ? s.pairs * 1e6 : -1;  // -1: no instruction
   state.counters["amx_us"] = s.amx < 1e29 ? s.amx * 1e6 : -1;          // -1: no AMX
+  // The decode probe: 4 tiles of 8 rows x 64 keys.
+  state.counters["dec_widen_us"] = s.decode_widen * 1e6;
+  state.counters["dec_pairdot_us"] = s.decode_pairs < 1e29 ? s.decode_pairs * 1e6 : -1;
+  state.counters["dec_amx_us"] = s.decode_amx < 1e29 ? s.decode_amx * 1e6 : -1;
   state.SetLabel(target_label());
 }
 BENCHMARK(BM_Probe)->Iterations(3);

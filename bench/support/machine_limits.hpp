@@ -176,6 +176,22 @@ inline MachineLimits measure_machine_limits() {
   return m;
 }
 
+// Streaming-read bandwidth of `threads` threads measured now, over
+// `seconds`, on buffers of 256 MiB per thread that are allocated (and
+// touched) once per process and kept: the limit a memory-bound benchmark row
+// is compared with right beside its own timing, which on a shared machine
+// moves from one minute to the next (measure_machine_limits runs once, at
+// start-up).
+inline double read_gbps_now(int threads, double seconds) {
+  constexpr std::size_t kBytes = std::size_t{256} << 20;
+  static std::vector<std::vector<float>> buffers;
+  while (buffers.size() < static_cast<std::size_t>(threads)) buffers.emplace_back(kBytes / sizeof(float), 1.0f);
+  if (threads == 1) return detail::read_gbps_one_thread(buffers[0].data(), kBytes / sizeof(float), seconds);
+  return detail::run_on_threads(threads, [&](int t) {
+    return detail::read_gbps_one_thread(buffers[static_cast<std::size_t>(t)].data(), kBytes / sizeof(float), seconds);
+  });
+}
+
 inline void print_machine_limits(const MachineLimits& m) {
   std::fprintf(stderr,
                "machine limits (Highway target %s, %d threads):\n"

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -172,8 +173,12 @@ void check_case(const Case& x, const M& mask, const Var& variant, bool expect_na
   CHECK(widen.native_tasks == 0);
   CHECK(widen.amx_tasks == 0);
   CHECK(native.amx_tasks == 0);
-  // Stacked K/V groups need whole 16-row blocks per group (vectors suffice for pairs).
-  const bool groups_fit = x.heads == x.kv_heads || (x.sq * (x.heads / x.kv_heads)) % 16 == 0;
+  // Stacked K/V groups need whole 16-row blocks per group (vectors suffice for
+  // pairs), or, in decode (at most 32 rows a task), groups under 16 rows (one
+  // narrowed AMX tile each).
+  const index_t group_rows = x.sq * (x.heads / x.kv_heads);
+  const bool decode = x.sq * x.heads <= 32 || (x.heads == x.kv_heads && x.sq <= 32);
+  const bool groups_fit = x.heads == x.kv_heads || group_rows % 16 == 0 || (decode && group_rows < 16);
   if (amx::available() && expect_native && x.d % 32 == 0 && x.d >= 64 && groups_fit) {
     CHECK(tiles.amx_tasks > 0);
   } else if (!amx::available()) {
@@ -290,13 +295,84 @@ TEST_CASE("bf16 dot path: KV splits and odd head dims", "[bf16_dot]") {
 
 TEST_CASE("bf16 dot path: the widening path keeps what native does not take", "[bf16_dot]") {
   std::mt19937 rng(1305);
-  SECTION("decode (few rows)") {
-    const Case x(rng, 2, 1, 300, 8, 2, 128);
-    check_case(x, CausalMask{Alignment::bottom_right}, variants::Default{}, false);
-  }
   SECTION("K with a head-dim stride other than 1") {
     const Case x(rng, 1, 130, 130, 4, 2, 72, true);
     check_case(x, CausalMask{}, variants::Default{}, false);
+  }
+}
+
+// Decode (at most 32 rows a task): the pair dot's 8-row blocks (8-row groups
+// on AVX3; full vectors elsewhere), AMX with narrowed tiles, and widening,
+// each forced, element by element against the fp32 reference. Query
+// lengths 1-4, GQA groups of 1, 4, 8 and 16 (32/4 and 16/2 stack their K/V
+// groups into one task), key lengths that are no multiple of the 64-key
+// tile, head dims 128, 72, 80, 64, 33 and 256.
+TEST_CASE("bf16 dot path: decode shapes on every bf16 path against the fp32 reference", "[bf16_dot][decode]") {
+  std::mt19937 rng(1309);
+  const index_t dims[] = {128, 72, 80, 64, 33, 256};
+  const index_t kv_lens[] = {1, 63, 65, 300, 777, 129};
+  struct Heads {
+    index_t heads, kv_heads, max_sq;
+  };
+  const Heads groups[] = {{32, 4, 1}, {8, 1, 4}, {16, 2, 2}, {8, 2, 4}, {4, 4, 4}};
+  for (int trial = 0; trial < 12; ++trial) {
+    const Heads g = groups[trial % 5];
+    const index_t d = dims[trial % 6];
+    const index_t sq = 1 + static_cast<index_t>(rng() % static_cast<unsigned>(g.max_sq));
+    const index_t skv = std::max(sq, kv_lens[static_cast<std::size_t>(rng() % 6)]);
+    const index_t batch = 1 + trial % 2;
+    const Case x(rng, batch, sq, skv, g.heads, g.kv_heads, d);
+    DYNAMIC_SECTION("trial " << trial << ": B " << batch << " sq " << sq << " skv " << skv << " d " << d << " heads "
+                             << g.heads << "/" << g.kv_heads) {
+      check_case(x, CausalMask{Alignment::bottom_right}, variants::Default{}, true);
+      check_case(x, SlidingWindowMask{50, 0, Alignment::bottom_right}, variants::Softcap{5.0f}, true, 2, 3);
+    }
+  }
+}
+
+// The NaN policy on the decode blocks (attention/softmax_state.hpp): a NaN K
+// element reaches only the rows of its K/V head that see it; infinities and
+// NaN in keys a window hides (inside a partial tile, so their weights are
+// zero next to non-zero ones) change nothing; an infinite V element the rows
+// see gives them inf / NaN as in the reference.
+TEST_CASE("bf16 dot path: decode follows the NaN policy on every bf16 path", "[bf16_dot][decode][nan]") {
+  std::mt19937 rng(1310);
+  for (const index_t d : {128, 72}) {
+    Case x(rng, 1, 1, 300, 32, 4, d);
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    for (index_t e = 0; e < d; ++e) {  // key 195: hidden by the window below (visible keys 199..299)
+      x.v(0, 195, 2, e) = bfloat16(e % 2 ? nan : inf);
+      x.k(0, 195, 2, e) = bfloat16(nan);
+    }
+    x.k(0, 250, 1, 3) = bfloat16(nan);  // query heads 8..15 see it
+    x.v(0, 260, 3, 5) = bfloat16(inf);  // heads 24..31: dim 5 inf
+    x.qf = Case::widen(x.q);
+    x.kf = Case::widen(x.k);
+    x.vf = Case::widen(x.v);
+    const SlidingWindowMask mask{100, 0, Alignment::bottom_right};
+    Tensor<float> want(x.out_shape()), want_lse(x.lse_shape());
+    attention_forward(plan_attention<backends::Reference>(shape_of(x.in_f32()), mask), x.in_f32(), want.view(),
+                      want_lse.view());
+    for (const Bf16DotPath path : {Bf16DotPath::native, Bf16DotPath::amx, Bf16DotPath::widen}) {
+      INFO("d " << d << ", path " << static_cast<int>(path));
+      const Run r = run_highway(x, mask, variants::Default{}, path, 2, 0);
+      index_t bad = 0, nan_rows = 0;
+      for (index_t h = 0; h < x.heads; ++h) {
+        for (index_t e = 0; e < d; ++e) {
+          const float g = to_float(r.out(0, 0, h, e)), w = want(0, 0, h, e);
+          if (std::isnan(w) || std::isnan(g)) {
+            bad += !(std::isnan(w) && std::isnan(g));
+          } else if (std::isinf(w) || std::isinf(g)) {
+            bad += g != w;
+          } else {
+            bad += !(std::abs(g - w) <= kU * std::abs(w) + 6 * kU);
+          }
+        }
+        nan_rows += std::isnan(want(0, 0, h, 0));
+      }
+      CHECK(nan_rows == 8);  // heads 8..15
+      CHECK(bad == 0);
+    }
   }
 }
 
@@ -340,9 +416,9 @@ TEST_CASE("bf16 dot path: the runtime-dispatched kernels", "[bf16_dot][dispatch]
     const Case x(rng, 1, 140, 300, 4, 4, 33);
     check_case<backends::Dispatched>(x, FullMask{}, variants::Default{}, true, 2, 3);
   }
-  SECTION("decode stays on the widening path") {
-    const Case x(rng, 2, 1, 300, 8, 2, 128);
-    check_case<backends::Dispatched>(x, CausalMask{Alignment::bottom_right}, variants::Default{}, false);
+  SECTION("decode: the pair dot's 8-row blocks, GQA 32/4") {
+    const Case x(rng, 2, 1, 300, 32, 4, 128);
+    check_case<backends::Dispatched>(x, CausalMask{Alignment::bottom_right}, variants::Default{}, true);
   }
 }
 #endif

@@ -205,6 +205,34 @@ TEMPLATE_TEST_CASE("paged K/V equals the contiguous layout: decode", "[attention
   });
 }
 
+// bf16 decode on each bf16 path forced (the pair dot's 8-row blocks, AMX's
+// narrowed tiles, widening): K and V rows are read in place through the page
+// table, page by page.
+TEST_CASE("paged K/V equals the contiguous layout: bf16 decode on each bf16 path", "[attention][paged][decode]") {
+  struct Restore {
+    Bf16DotPath saved = bf16_dot_path();
+    ~Restore() { set_bf16_dot_path(saved); }
+  } restore;
+  Rng rng(13);
+  for (const Bf16DotPath path : {Bf16DotPath::native, Bf16DotPath::amx, Bf16DotPath::widen}) {
+    for (const index_t ps : {16, 24, 256}) {
+      for (const auto& [hq, hkv] : {std::pair<index_t, index_t>{32, 4}, {8, 1}}) {
+        PagedCase c;
+        c.q_lens = {1, 1};
+        c.kv_lens = {uniform(rng, 1, 700), uniform(rng, 1, 300)};
+        c.heads = hq;
+        c.kv_heads = hkv;
+        c.dk = ps == 24 ? 72 : 128;
+        c.dv = ps == 24 ? 80 : 128;
+        c.page_size = ps;
+        INFO("path " << static_cast<int>(path) << " page_size " << ps << " heads " << hq << "/" << hkv);
+        set_bf16_dot_path(path);
+        check_paged<backends::Highway, bfloat16>(c, CausalMask{Alignment::bottom_right}, rng);
+      }
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("paged K/V equals the contiguous layout: prefill", "[attention][paged]", float, bfloat16) {
   using T = TestType;
   each_paged_mask([](const auto& mask) {

@@ -960,6 +960,102 @@ TEST_CASE("the backward pass on every Highway target matches the Scalar backend"
   require_every_target_ran(ran);
 }
 
+namespace seqattn::kernel_tests {
+namespace {
+
+// bf16 decode on one target with the bf16 path `path` forced, element by
+// element against the Scalar backend in fp32 on the same (exactly widened)
+// inputs: |o - ref| <= u |ref| + u max|V| + 1e-5 max|V| (u = 2^-8: the bf16
+// output and, on the pair-dot and AMX paths, P rounded to bf16; see
+// tests/attention/bf16_dot_test.cpp). Where the window hides key `hidden`,
+// its V row is +inf / NaN and its K row NaN: they must change nothing.
+template <class M>
+void check_bf16_decode_elements(std::int64_t& ran, Bf16DotPath path, const M& mask, index_t batch, index_t sq,
+                                index_t skv, index_t heads, index_t kv_heads, index_t d, index_t hidden,
+                                std::mt19937& rng) {
+  CAPTURE(static_cast<int>(path), batch, sq, skv, heads, kv_heads, d, hidden);
+  const auto q = random_values<bfloat16>(detail::make_extents({batch, sq, heads, d}), rng);
+  auto k = random_values<bfloat16>(detail::make_extents({batch, skv, kv_heads, d}), rng);
+  auto v = random_values<bfloat16>(detail::make_extents({batch, skv, kv_heads, d}), rng);
+  if (hidden >= 0) {
+    for (index_t b = 0; b < batch; ++b) {
+      for (index_t h = 0; h < kv_heads; ++h) {
+        for (index_t e = 0; e < d; ++e) {
+          k(b, hidden, h, e) = bfloat16(std::numeric_limits<float>::quiet_NaN());
+          v(b, hidden, h, e) = bfloat16(e % 2 ? std::numeric_limits<float>::quiet_NaN() : kInf);
+        }
+      }
+    }
+  }
+  auto widen = [](const Tensor<bfloat16>& t) {
+    Tensor<float> f(t.shape());
+    for (index_t i = 0; i < t.size(); ++i) f.data()[i] = to_float(t.data()[i]);
+    return f;
+  };
+  const Tensor<float> qf = widen(q), kf = widen(k), vf = widen(v);
+  double vmax = 0;
+  for (index_t i = 0; i < vf.size(); ++i) {
+    if (std::isfinite(vf.data()[i])) vmax = std::max(vmax, std::abs(static_cast<double>(vf.data()[i])));
+  }
+  const Extents out_shape = detail::make_extents({batch, sq, heads, d});
+  const Extents lse_shape = detail::make_extents({batch, heads, sq});
+  Tensor<float> want(out_shape), want_lse(lse_shape);
+  attention_forward<backends::Scalar>(AttentionInputs<float>{qf.view(), kf.view(), vf.view()}, mask, want.view(),
+                                      want_lse.view());
+  const AttentionInputs<bfloat16> in{q.view(), k.view(), v.view()};
+  const BlockMask bm = build_block_mask(mask, RaggedLengths::uniform(batch, sq, skv), heads,
+                                        {any_kernel().block_q, any_kernel().block_kv});
+  const Bf16DotPath saved = bf16_dot_path();
+  set_bf16_dot_path(path);
+  for_each_target(ran, [&](const FlashKernelEntry& kernel) {
+    Tensor<bfloat16> out(out_shape, bfloat16(7.0f));
+    Tensor<float> lse(lse_shape, 7.0f);
+    kernel.forward_bf16(in, bm, out.view(), lse.view(), AttentionOptions{}, 2);
+    Report rep;
+    for (index_t i = 0; i < out.size(); ++i) {
+      const float w = want.data()[i];
+      rep.expect_near(to_float(out.data()[i]), w, 1.0 / 256 * (std::abs(w) + vmax) + 1e-5 * vmax, at("out", i));
+    }
+    for (index_t i = 0; i < lse.size(); ++i) {
+      rep.expect_near(lse.data()[i], want_lse.data()[i], 1e-4 * std::max(1.0f, std::abs(want_lse.data()[i])),
+                      at("lse", i));
+    }
+    check_report(rep);
+  });
+  set_bf16_dot_path(saved);
+}
+
+}  // namespace
+}  // namespace seqattn::kernel_tests
+
+TEST_CASE("bf16 decode on every Highway target and bf16 path matches the Scalar backend element by element",
+          "[kernels][engine][bf16_dot][decode]") {
+  // Pair dot forced (AVX3: the 8-row decode blocks; other targets: their
+  // full-vector blocks, emulated), AMX forced (the automatic choice where the
+  // CPU has none, or for dims AMX does not take), widening.
+  using namespace seqattn;
+  using kernel_tests::check_bf16_decode_elements;
+  std::mt19937 rng(341);
+  std::int64_t ran = 0;
+  const std::uint64_t before = bf16_native_tasks();
+  for (const Bf16DotPath path : {Bf16DotPath::native, Bf16DotPath::amx, Bf16DotPath::widen}) {
+    // GQA 32/4 (four 8-row groups in one task), 8/1 over 4 queries, 16/2 over 2, MHA.
+    check_bf16_decode_elements(ran, path, CausalMask{Alignment::bottom_right}, 1, 1, 300, 32, 4, 128, -1, rng);
+    check_bf16_decode_elements(ran, path, FullMask{}, 2, 4, 131, 8, 1, 72, -1, rng);
+    check_bf16_decode_elements(ran, path, CausalMask{Alignment::bottom_right}, 1, 2, 77, 16, 2, 80, -1, rng);
+    check_bf16_decode_elements(ran, path, FullMask{}, 1, 3, 65, 4, 4, 33, -1, rng);
+    check_bf16_decode_elements(ran, path, FullMask{}, 1, 1, 200, 8, 1, 256, -1, rng);
+    // Keys 150..199 visible to the one query: key 140 (in the partial tile
+    // 128..191) holds NaN K and inf / NaN V.
+    check_bf16_decode_elements(ran, path, SlidingWindowMask{49, 0, Alignment::bottom_right}, 1, 1, 200, 32, 4, 128, 140,
+                               rng);
+    check_bf16_decode_elements(ran, path, SlidingWindowMask{49, 0, Alignment::bottom_right}, 1, 1, 200, 8, 1, 72, 140,
+                               rng);
+  }
+  CHECK(bf16_native_tasks() > before);
+  kernel_tests::require_every_target_ran(ran);
+}
+
 TEST_CASE("the bf16 pair-dot path on every Highway target matches the Scalar backend", "[kernels][engine][bf16_dot]") {
   // The path is forced on (backends/highway_bf16-inl.h): targets without
   // AVX512_BF16 run its emulated pair dot, so its packing, odd tails and P

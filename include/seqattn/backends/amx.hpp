@@ -17,7 +17,9 @@
 // call loads the configuration and releases the tiles at its end: other code
 // on the thread (oneDNN, PyTorch) may use AMX between our calls.
 // Shapes: keys a multiple of 32 (callers pad with zero rows), dk a multiple
-// of 32, queries and dvp multiples of 16.
+// of 32, queries and dvp multiples of 16; queries may also be fewer than 16
+// (decode: a GQA group of 8), which narrows the tiles instead of padding
+// them, so a group's products never touch the next group's rows.
 //
 // Linux hands AMX state to a process only on request (arch_prctl
 // ARCH_REQ_XCOMP_PERM); available() asks once, and is false where the CPU,
@@ -126,10 +128,30 @@ SEQATTN_AMX_TARGET inline void block(const char* a, std::size_t a_stride, std::s
   if constexpr (kA == 2 && kB == 2) _tile_stored(3, c + c_row_next + c_col_next, c_stride);
 }
 
+// One 16 x 16 C block narrowed to a_rows x b_cols (decode: a GQA group of 8
+// query rows as P.V's A and C rows, or as QK^T's B and C columns).
+inline TileConfig narrow_config(index_t a_rows, index_t b_cols) {
+  TileConfig t = config();
+  const auto m = static_cast<std::uint8_t>(a_rows);
+  const auto n_bytes = static_cast<std::uint16_t>(4 * b_cols);
+  for (int i = 0; i < 4; ++i) {  // C
+    t.rows[i] = m;
+    t.bytes_per_row[i] = n_bytes;
+  }
+  t.rows[4] = t.rows[5] = m;                          // A: 64 bytes a row
+  t.bytes_per_row[6] = t.bytes_per_row[7] = n_bytes;  // B: 16 pair-rows
+  return t;
+}
+
 SEQATTN_AMX_TARGET inline void matmul(const void* a, std::size_t a_stride, index_t a_rows, const void* b,
                                       std::size_t b_stride, index_t b_cols, index_t steps, void* c,
                                       std::size_t c_stride, bool accumulate) {
-  _tile_loadconfig(&config());
+  if (a_rows < 16 || b_cols < 16) {
+    const TileConfig narrow = narrow_config(std::min<index_t>(a_rows, 16), std::min<index_t>(b_cols, 16));
+    _tile_loadconfig(&narrow);
+  } else {
+    _tile_loadconfig(&config());
+  }
   const char* ap = static_cast<const char*>(a);
   const char* bp = static_cast<const char*>(b);
   char* cp = static_cast<char*>(c);
@@ -160,8 +182,8 @@ SEQATTN_AMX_TARGET inline void matmul(const void* a, std::size_t a_stride, index
 }  // namespace detail
 
 // C[a_rows][b_cols] (+)= A[a_rows][steps * 32 bf16] . B[steps * 16 pair-rows][b_cols pairs] (C fp32, overwritten
-// unless `accumulate`); a_rows and b_cols multiples of 16. A row i at a + i * a_stride bytes, B pair-row r at
-// b + r * b_stride, C row i at c + i * c_stride.
+// unless `accumulate`); a_rows and b_cols multiples of 16, or below 16 (one narrowed tile: decode). A row i at a + i *
+// a_stride bytes, B pair-row r at b + r * b_stride, C row i at c + i * c_stride.
 inline void matmul(const void* a, std::size_t a_stride, index_t a_rows, const void* b, std::size_t b_stride,
                    index_t b_cols, index_t steps, void* c, std::size_t c_stride, bool accumulate) {
   detail::matmul(a, a_stride, a_rows, b, b_stride, b_cols, steps, c, c_stride, accumulate);
@@ -181,7 +203,8 @@ inline bool available() {
 }
 
 // St[key][query] = K[key][:dk] . Qt2: `keys` K rows (a multiple of 32) at k + j * k_stride bytes, Qt2 with rows
-// (d pairs) of `qt2_stride` bytes, `queries` (a multiple of 16) lanes; St rows st_stride bytes apart. Unscaled.
+// (d pairs) of `qt2_stride` bytes, `queries` (a multiple of 16, or below 16) lanes; St rows st_stride bytes apart.
+// Unscaled.
 inline void key_query_scores(const std::uint16_t* k, std::size_t k_stride, index_t keys, const std::uint32_t* qt2,
                              std::size_t qt2_stride, index_t queries, index_t dk, float* st, std::size_t st_stride) {
   matmul(k, k_stride, keys, qt2, qt2_stride, queries, dk / 32, st, st_stride, false);

@@ -24,7 +24,7 @@
 //   AVX3 (32 zmm): 4 x 6 = 24 accumulators + 4 Qt loads + 1 broadcast;
 //     per d step 4 loads + 6 broadcasts for 24 FMAs.
 //   16-register targets: 2 x 4. Few rows (<= 8, GQA-stacked decode), AVX3:
-//     ScoresRowPairs, lanes = 8 rows x 2 dims (see there); other 16-lane
+//     ScoresRowQuads, 2 vectors of 4 rows x 4 dims (see there); other 16-lane
 //     targets: one half-width vector x 8 keys, so no lanes idle.
 // P.V register block: kPvRows rows x kPvVecs head-dim vectors.
 //   AVX3: 6 x 4 = 24 accumulators; per key 4 V loads + 6 broadcasts for 24
@@ -254,82 +254,102 @@ struct FlashKernel {
   }
 
 #if HWY_TARGET <= HWY_AVX3
-  // ---- Decode: 8 rows as 8 x 2 lanes (d even, d odd) ------------------------
-  // With 8 rows (a GQA group of 8, or fewer rows padded to 8) the loop above
-  // fills half a vector and issues one broadcast per K element. Here a lane
-  // holds (row, d parity): one 64-bit broadcast brings K[j][2i..2i+1] for all
-  // 16 lanes, so a K element costs half a broadcast and half an FMA; the two
-  // parities of a row are added once per key at the end.
-  // Register block: kPairKeys = 16 accumulators + 1 Q pair vector + 1
-  // broadcast. Per d pair: 1 Q load + 16 broadcasts (loads) for 16 FMAs.
-  // Q is interleaved into pairs once per call (dk/2 vectors: about 5% of
-  // the loop at dk = 128). Measured, 8 rows x 64 keys x d = 128 in cache, on
-  // the 2-vCPU Cascade Lake VM of tiled_forward.hpp: 1.5-2.0 us against
-  // 2.4-2.6 us for the half-width loop; 8 and 16 keys per block measured the
-  // same (16 keep more FMA chains in flight where pointers do not spill).
-  // End to end (bench/attention.cpp, GQA 32/4 fp32 decode over 32k keys, 2
-  // threads of a Sapphire Rapids VM, two rounds each): 9.2 / 14.1 ms against
-  // 16.3 / 16.8 ms.
-  static constexpr int kPairKeys = 16;
-  static constexpr index_t kPairMaxDk = 512;  // stack buffer of interleaved Q
-
-  // InterleaveLower/Upper work within 128-bit blocks, so lane pair p of the
+  // ---- Decode: 8 rows ----------------------------------------------------------
+  // With 8 rows (a GQA group of 8, or fewer rows padded to 8) ScoresWith
+  // fills half a vector and issues one broadcast per K element. Until
+  // 2026-11-26 ScoresRowPairs did better with lanes of (row, d parity): one
+  // 64-bit broadcast brought K[j][2i..2i+1] for all 16 lanes (measured then:
+  // 1.5-2.0 against 2.4-2.6 us per 8 x 64 tile on a Cascade Lake VM; GQA 32/4
+  // fp32 decode over 32k keys on a Sapphire Rapids VM 9.2 / 14.1 against
+  // 16.3 / 16.8 ms). ScoresRowQuads below replaces it. Its pair layout lives on
+  // in Bf16DotKernel::scores_decode (bf16 pairs, 4 dims a 64-bit broadcast):
+  // InterleaveLower/Upper work within 128-bit blocks, so lane pair p of an
   // interleaved Q vector holds row {0, 1, 4, 5, 2, 3, 6, 7}[p]. After the
   // pair sums of keys j and j + 1 are blended (key j in even lanes, j + 1 in
   // odd ones), output lane t (t < 8: key j, row t; t >= 8: key j + 1, row
   // t - 8) is read from lane kPairUnpermute[t].
+  static constexpr index_t kPairMaxDk = 512;  // stack buffers of rearranged Q
   static constexpr std::int32_t kPairUnpermute[16] = {0, 2, 8, 10, 4, 6, 12, 14, 1, 3, 9, 11, 5, 7, 13, 15};
 
-  static void ScoresRowPairs(const float* HWY_RESTRICT qt, index_t dk, const float* HWY_RESTRICT k, index_t k_stride,
+  // ---- Decode: 8 rows as 2 vectors of 4 rows x 4 dims -------------------------
+  // The pairs' idea taken one step further: a 128-bit block holds one
+  // row's 4 consecutive dims (block b of Qd[i][h] is Q[4h + b][4i..4i+3]),
+  // so one 128-bit broadcast of K[j][4i..4i+3] (a load-port broadcast, no
+  // shuffle) feeds two FMAs: 8 rows x 4 dims. Per K element: 1/4 broadcast
+  // and 1/2 FMA, against 1/2 and 1/2 for the pairs (whose broadcasts were as
+  // many as the FMAs: the two load ports, not the FMA ports, bounded it).
+  // Register block: kQuadKeys = 8 keys x 2 = 16 accumulators + 2 Qd vectors
+  // + 1 broadcast. Per 4 dims: 2 Qd loads + 8 broadcasts for 16 FMAs. Qd is
+  // Qt's 8 rows transposed into 4 x 4 blocks once per call (one two-table
+  // permute per vector: dk / 2 of them, under 3% of the call at dk = 128).
+  // The 4 partial sums of a row are added once per key at the end: per two
+  // keys 4 unpacks, 2 shuffles, 3 adds and one permute into St's [key][row]
+  // layout.
+  // Measured in cache (8 rows x 64 keys, d = 128, one thread of the 2-vCPU
+  // Intel Xeon VM with AMX and AVX512_BF16 of the README, AVX3_DL,
+  // 2026-11-26; FMA bound 0.79 us): 0.84-0.92 us against 0.96-1.04 us with
+  // the pairs. Traffic per 64-key tile: the K tile once (32 KiB fp32, from
+  // memory in decode), Qd 4 KiB and St 2 KiB in L1.
+  static constexpr int kQuadKeys = 8;
+
+  static void ScoresRowQuads(const float* HWY_RESTRICT qt, index_t dk, const float* HWY_RESTRICT k, index_t k_stride,
                              index_t cols, float* HWY_RESTRICT st) {
-    static_assert(kLanes == 16, "kPairUnpermute assumes 16 fp32 lanes");
+    static_assert(kLanes == 16, "4 x 4 blocks of 16 fp32 lanes");
     const D d;
     const hn::Half<D> dh;
     const hn::RebindToSigned<D> di;
-    const hn::Repartition<std::uint64_t, D> du64;
-    const index_t pairs = dk / 2, odd = dk % 2;
-    HWY_ALIGN float qp[kPairMaxDk / 2 * 16 + 16];
-    for (index_t i = 0; i < pairs; ++i) {
-      const auto even = hn::Load(dh, qt + 2 * i * kBlockQ), oddv = hn::Load(dh, qt + (2 * i + 1) * kBlockQ);
-      hn::Store(hn::Combine(d, hn::InterleaveUpper(dh, even, oddv), hn::InterleaveLower(dh, even, oddv)), d,
-                qp + 16 * i);
+    const index_t quads = dk / 4, rest = dk % 4, all = (dk + 3) / 4;
+    HWY_ALIGN float qd[kPairMaxDk / 4 * 32 + 32];
+    // Lane 4b + l of the two halves: Qt[4i + l][b] and Qt[4i + l][4 + b],
+    // from X = (Qt[4i], Qt[4i + 1]) and Y = (Qt[4i + 2], Qt[4i + 3]), 8 rows each.
+    const __m512i rows03 = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    const __m512i rows47 = _mm512_setr_epi32(4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
+    for (index_t i = 0; i < all; ++i) {
+      auto dim = [&](index_t l) { return 4 * i + l < dk ? hn::Load(dh, qt + (4 * i + l) * kBlockQ) : hn::Zero(dh); };
+      const V x = hn::Combine(d, dim(1), dim(0)), y = hn::Combine(d, dim(3), dim(2));
+      hn::Store(V{_mm512_permutex2var_ps(x.raw, rows03, y.raw)}, d, qd + 32 * i);
+      hn::Store(V{_mm512_permutex2var_ps(x.raw, rows47, y.raw)}, d, qd + 32 * i + 16);
     }
-    if (odd) {  // last d alone: its odd lanes are zero
-      const auto even = hn::Load(dh, qt + 2 * pairs * kBlockQ), zero = hn::Zero(dh);
-      hn::Store(hn::Combine(d, hn::InterleaveUpper(dh, even, zero), hn::InterleaveLower(dh, even, zero)), d,
-                qp + 16 * pairs);
-    }
-    const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, kPairUnpermute));
-    for (index_t j0 = 0; j0 < cols; j0 += kPairKeys) {
-      const int keys = static_cast<int>(std::min<index_t>(kPairKeys, cols - j0));
-      const float* kp[kPairKeys];
-      HWY_UNROLL(16)
-      for (int j = 0; j < kPairKeys; ++j) kp[j] = k + (j0 + std::min(j, keys - 1)) * k_stride;
-      V acc[kPairKeys];
-      HWY_UNROLL(16)
-      for (int j = 0; j < kPairKeys; ++j) acc[j] = hn::Zero(d);
-      for (index_t i = 0; i < pairs; ++i) {
-        const V q = hn::Load(d, qp + 16 * i);
-        HWY_UNROLL(16)
-        for (int j = 0; j < kPairKeys; ++j) {
-          std::uint64_t two;
-          std::memcpy(&two, kp[j] + 2 * i, sizeof(two));
-          acc[j] = hn::MulAdd(q, hn::BitCast(d, hn::Set(du64, two)), acc[j]);
+    // Lane t of the stored pair of keys (j: t < 8, j + 1: t >= 8, row t % 8) from the reduced lanes.
+    static constexpr std::int32_t kUnpermute[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+    const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, kUnpermute));
+    for (index_t j0 = 0; j0 < cols; j0 += kQuadKeys) {
+      const int keys = static_cast<int>(std::min<index_t>(kQuadKeys, cols - j0));
+      const float* kp[kQuadKeys];
+      HWY_UNROLL(8)
+      for (int j = 0; j < kQuadKeys; ++j) kp[j] = k + (j0 + std::min(j, keys - 1)) * k_stride;
+      V acc[kQuadKeys][2];
+      HWY_UNROLL(8)
+      for (int j = 0; j < kQuadKeys; ++j) acc[j][0] = acc[j][1] = hn::Zero(d);
+      for (index_t i = 0; i < quads; ++i) {
+        const V q0 = hn::Load(d, qd + 32 * i), q1 = hn::Load(d, qd + 32 * i + 16);
+        HWY_UNROLL(8)
+        for (int j = 0; j < kQuadKeys; ++j) {
+          const V b = hn::LoadDup128(d, kp[j] + 4 * i);
+          acc[j][0] = hn::MulAdd(q0, b, acc[j][0]);
+          acc[j][1] = hn::MulAdd(q1, b, acc[j][1]);
         }
       }
-      if (odd) {  // K[dk - 1] in the even lanes only: 0 * inf would make the pair sum NaN
-        const V q = hn::Load(d, qp + 16 * pairs);
-        HWY_UNROLL(16)
-        for (int j = 0; j < kPairKeys; ++j) {
-          std::uint32_t last;
-          std::memcpy(&last, kp[j] + 2 * pairs, sizeof(last));
-          acc[j] = hn::MulAdd(q, hn::BitCast(d, hn::Set(du64, std::uint64_t{last})), acc[j]);
+      if (rest != 0) {  // the last 1-3 dims: K beyond dk is not read (zero), Qd is zero there
+        const V q0 = hn::Load(d, qd + 32 * quads), q1 = hn::Load(d, qd + 32 * quads + 16);
+        HWY_UNROLL(8)
+        for (int j = 0; j < kQuadKeys; ++j) {
+          HWY_ALIGN float tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          std::copy_n(kp[j] + 4 * quads, rest, tail);
+          const V b = hn::LoadDup128(d, tail);
+          acc[j][0] = hn::MulAdd(q0, b, acc[j][0]);
+          acc[j][1] = hn::MulAdd(q1, b, acc[j][1]);
         }
       }
       for (int j = 0; j < keys; j += 2) {
-        const V a = hn::Add(acc[j], hn::Shuffle2301(acc[j]));
-        const V b = hn::Add(acc[j + 1], hn::Shuffle2301(acc[j + 1]));
-        const V both = hn::TableLookupLanes(hn::OddEven(b, a), idx);
+        // Block b: (key j, row b), (j, 4 + b), (j + 1, b), (j + 1, 4 + b), each the sum of its 4 lanes.
+        const V s1 =
+            hn::Add(hn::InterleaveLower(d, acc[j][0], acc[j][1]), hn::InterleaveUpper(d, acc[j][0], acc[j][1]));
+        const V s2 = hn::Add(hn::InterleaveLower(d, acc[j + 1][0], acc[j + 1][1]),
+                             hn::InterleaveUpper(d, acc[j + 1][0], acc[j + 1][1]));
+        const V sums = hn::Add(V{_mm512_shuffle_ps(s1.raw, s2.raw, _MM_SHUFFLE(1, 0, 1, 0))},
+                               V{_mm512_shuffle_ps(s1.raw, s2.raw, _MM_SHUFFLE(3, 2, 3, 2))});
+        const V both = hn::TableLookupLanes(sums, idx);
         hn::Store(hn::LowerHalf(dh, both), dh, st + (j0 + j) * kBlockQ);
         if (j + 1 < keys) hn::Store(hn::UpperHalf(dh, both), dh, st + (j0 + j + 1) * kBlockQ);
       }
@@ -341,7 +361,7 @@ struct FlashKernel {
                      index_t k_stride, index_t cols, float* HWY_RESTRICT st) {
 #if HWY_TARGET <= HWY_AVX3
     if (rows_p == kLanes / 2 && dk <= kPairMaxDk) {
-      ScoresRowPairs(qt, dk, k, k_stride, cols, st);
+      ScoresRowQuads(qt, dk, k, k_stride, cols, st);
       return;
     }
 #endif
@@ -368,10 +388,11 @@ struct FlashKernel {
     const auto vcap = hn::Set(d, cap);
     for (index_t j = 0; j < cols; ++j) {
       for (index_t r = 0; r < rows_p; r += N) {
+        // Unaligned: a decode K/V group's rows may start half a vector in (GQA 32/4: rows 8, 16, 24).
         float* p = st + j * kBlockQ + r;
-        const auto x = hn::Load(d, p);
+        const auto x = hn::LoadU(d, p);
         if (r + N <= rows_p) {
-          hn::Store(hn::Mul(vcap, hn::Tanh(d, x)), d, p);
+          hn::StoreU(hn::Mul(vcap, hn::Tanh(d, x)), d, p);
         } else {
           hn::BlendedStore(hn::Mul(vcap, hn::Tanh(d, x)), hn::FirstN(d, static_cast<std::size_t>(rows_p - r)), d, p);
         }
@@ -582,6 +603,16 @@ struct FlashKernel {
       const float* p = pt + j * kBlockQ;
       index_t r = 0;
       for (; r + N <= rows; r += N) zeros = hn::Or(zeros, hn::VecFromMask(d, hn::Eq(hn::LoadU(d, p + r), zero)));
+#if HWY_TARGET <= HWY_AVX3
+      {  // decode: a group of 8 rows in one half vector
+        const hn::Half<D> dh;
+        if (r + N / 2 <= rows) {
+          const auto half = hn::VecFromMask(dh, hn::Eq(hn::LoadU(dh, p + r), hn::Zero(dh)));
+          zeros = hn::Or(zeros, hn::Combine(d, hn::Zero(dh), half));
+          r += N / 2;
+        }
+      }
+#endif
       for (; r < rows; ++r) {
         if (p[r] == 0.0f) return true;
       }
@@ -603,21 +634,33 @@ struct FlashKernel {
     return hn::AllFalse(d, hn::MaskFromVec(bad));
   }
 
-  template <bool kSelect>
-  static void AccumulatePv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
-                           index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+  template <bool kSelect, int kRowsMax, int kVecsMax>
+  static void AccumulatePvBlocks(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
+                                 index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha,
+                                 float* HWY_RESTRICT o) {
     const auto N = static_cast<index_t>(hn::Lanes(D()));
     const index_t all_vecs = dvp / N;
-    for (index_t e0 = 0; e0 < all_vecs; e0 += kPvVecs) {
-      WithBlockSize<kPvVecs>(all_vecs - e0, [&](auto vecs) {
-        for (index_t r0 = 0; r0 < rows; r0 += kPvRows) {
-          WithBlockSize<kPvRows>(rows - r0, [&](auto block_rows) {
+    for (index_t e0 = 0; e0 < all_vecs; e0 += kVecsMax) {
+      WithBlockSize<kVecsMax>(all_vecs - e0, [&](auto vecs) {
+        for (index_t r0 = 0; r0 < rows; r0 += kRowsMax) {
+          WithBlockSize<kRowsMax>(rows - r0, [&](auto block_rows) {
             PvBlock<decltype(block_rows)::value, decltype(vecs)::value, kSelect>(
                 pt + r0, cols, v + e0 * N, v_stride, alpha + r0, o + r0 * dvp + e0 * N, dvp);
           });
         }
       });
     }
+  }
+
+  // Decode (at most 8 rows) keeps the 6 + 2 row blocks x 4 vectors: an 8-row x
+  // 3-vector block (24 accumulators, V loaded once per key) ran an in-cache
+  // 8 x 64 tile at 0.91 us against 1.33-1.41 us (d = 128, the VM of
+  // ScoresRowQuads), but GQA 32/4 fp32 decode over DRAM measured 2-10 %
+  // slower with it (three passes over each V tile's rows instead of two).
+  template <bool kSelect>
+  static void AccumulatePv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
+                           index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+    AccumulatePvBlocks<kSelect, kPvRows, kPvVecs>(pt, rows, cols, v, v_stride, dvp, alpha, o);
   }
 
   // Head-dim groups outermost: every row block reads one group's slice of

@@ -80,8 +80,10 @@
 //   loop bodies read half the bytes per MAC of the fp32 kernels.
 // Score variants (softcap, ALiBi, biases, score_mod, sinks) and masks act on
 // the fp32 scores and rows exactly as on the widening path: all supported.
+// Decode (<= kBlockQ / 4 rows) has blocks of its own for 8-row groups
+// (scores_decode, accumulate_pv_decode) and its own probe (decode_*): its
+// arithmetic, not the memory, bounded bf16 decode on the widening path.
 // Not taken (the task is left to the widening path, which handles them):
-//   decode (<= kBlockQ / 4 rows: memory-bound, nothing to gain from MACs),
 //   K with a head-dim stride other than 1 (K must be read in place as pairs),
 //   several K/V groups per task whose rows are not whole vectors.
 // ============================================================================
@@ -438,6 +440,209 @@ struct Bf16DotKernel {
     }
   }
 
+#if HWY_TARGET <= HWY_AVX3
+  // ---- Decode: 8 rows per K/V group (a GQA group of 8, or up to 8 rows) --------
+  // The layout of the former FlashKernel::ScoresRowPairs (kPairUnpermute) on
+  // bf16 pairs. In the generic blocks above 8 rows fill half a vector; here a
+  // 32-bit lane holds (row, half):
+  // lane pair p of Qd[i] holds row {0, 1, 4, 5, 2, 3, 6, 7}[p] (the order of
+  // InterleaveLower/Upper, undone by FlashKernel::kPairUnpermute), its even
+  // lane Q[r][4i..4i+1], its odd lane Q[r][4i+2..4i+3]. One 64-bit broadcast
+  // of K[j][4i..4i+3] then feeds all 16 lanes: 32 MACs per VDPBF16PS, 4
+  // dims of 8 rows; the two halves of a row are added once per key.
+  //   QK^T block: kDecodeKeys = 16 accumulators + 1 Qd vector + 1 broadcast;
+  //     per 4 dims 1 Qd load + 16 broadcasts for 16 VDPBF16PS. Qd is built
+  //     once per tile from Qt2 (dk / 4 vectors, 2 KiB at dk = 128).
+  //   P.V block: 8 rows x kDecodePvVecs = 3 d-vectors = 24 accumulators + 3
+  //     V pair vectors + 1 broadcast. V is paired on the fly, no Vp copy:
+  //     per pair of keys and 16 dims, the two bf16 rows are zero-extended
+  //     (one shifted up 16 bits) and ORed: 2 loads + 4 ALU ops feed 8
+  //     VDPBF16PS (8 rows). P is packed into pairs in place (8 lanes).
+  // Traffic per 64-key tile and K/V group, d = 128: K 16 KiB and V 16 KiB
+  //   read once from memory (the only DRAM traffic of decode); Qd 2 KiB, St
+  //   and Pt2 2 KiB, O 4 KiB, all in L1. 64 VDPBF16PS per key and group
+  //   (QK^T 32, P.V 32), against 128 FMAs plus the widening of 512 bytes
+  //   on the fp32 path.
+  // Measured (bench/bf16_dot.cpp's BM_Probe, 4 in-cache tiles of 8 rows x 64
+  //   keys, d = 128, one thread, 2026-11-26, the 2-vCPU Intel Xeon VM with AMX
+  //   of the README, AVX3_DL with AVX512_BF16): pair dot 14.1-14.4 us, widen
+  //   13.2 us, AMX 4.5 us. VDPBF16PS runs at half the fp32 FMA's FLOP rate
+  //   there (bench/bf16_dot.cpp: 106 against 211 GFLOP/s), so the probe keeps
+  //   decode on AMX on that CPU (on widening without AMX); the pair path is
+  //   for CPUs whose pair dot is fast (Zen 4/5), and the tests force it everywhere.
+  static constexpr int kDecodeKeys = 16;
+  static constexpr int kDecodePvVecs = 3;
+  static constexpr index_t kDecodeMaxDk = 512;  // stack buffer of Qd
+
+  static bool decode_rows(index_t rows_padded) { return rows_padded == K::kLanes / 2; }
+
+  // St[j][r] = scale * (Q[r] . K[j]) for 8 rows; qt2: Qt2 + the group's first row.
+  template <bool kHw>
+  static void scores_decode(const float* HWY_RESTRICT qt2, index_t dk, const std::uint16_t* const* krows, index_t cols,
+                            float scale, float* HWY_RESTRICT st) {
+    static_assert(K::kLanes == 16, "FlashKernel::kPairUnpermute assumes 16 fp32 lanes");
+    const D d;
+    const DU du;
+    const hn::Half<D> dh;
+    const hn::Half<DU> duh;
+    const hn::RebindToSigned<D> di;
+    const hn::Repartition<std::uint64_t, D> du64;
+    const auto* q2 = reinterpret_cast<const std::uint32_t*>(qt2);
+    const index_t pairs = (dk + 1) / 2, quads = dk / 4, rest = dk % 4;
+    HWY_ALIGN std::uint32_t qd[kDecodeMaxDk / 4 * 16 + 16];
+    for (index_t i = 0; i < (dk + 3) / 4; ++i) {
+      const auto even = hn::Load(duh, q2 + 2 * i * kBq);
+      const auto odd = 2 * i + 1 < pairs ? hn::Load(duh, q2 + (2 * i + 1) * kBq) : hn::Zero(duh);
+      hn::Store(hn::Combine(du, hn::InterleaveUpper(duh, even, odd), hn::InterleaveLower(duh, even, odd)), du,
+                qd + 16 * i);
+    }
+    const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, K::kPairUnpermute));
+    const V vscale = hn::Set(d, scale);
+    for (index_t j0 = 0; j0 < cols; j0 += kDecodeKeys) {
+      const int keys = static_cast<int>(std::min<index_t>(kDecodeKeys, cols - j0));
+      const std::uint16_t* kp[kDecodeKeys];
+      HWY_UNROLL(16)
+      for (int j = 0; j < kDecodeKeys; ++j) kp[j] = krows[j0 + std::min(j, keys - 1)];
+      V acc[kDecodeKeys];
+      HWY_UNROLL(16)
+      for (int j = 0; j < kDecodeKeys; ++j) acc[j] = hn::Zero(d);
+      for (index_t i = 0; i < quads; ++i) {
+        const VU q = hn::Load(du, qd + 16 * i);
+        HWY_UNROLL(16)
+        for (int j = 0; j < kDecodeKeys; ++j) {
+          std::uint64_t four;
+          std::memcpy(&four, kp[j] + 4 * i, sizeof(four));
+          acc[j] = PairDot<kHw>(acc[j], q, hn::BitCast(du, hn::Set(du64, four)));
+        }
+      }
+      if (rest != 0) {  // the last 1-3 dims: K beyond dk is not read, Qd is zero there
+        const VU q = hn::Load(du, qd + 16 * quads);
+        HWY_UNROLL(16)
+        for (int j = 0; j < kDecodeKeys; ++j) {
+          std::uint64_t four = 0;
+          for (index_t e = 0; e < rest; ++e) four |= std::uint64_t{kp[j][4 * quads + e]} << (16 * e);
+          acc[j] = PairDot<kHw>(acc[j], q, hn::BitCast(du, hn::Set(du64, four)));
+        }
+      }
+      for (int j = 0; j < keys; j += 2) {
+        const V a = hn::Add(acc[j], hn::Shuffle2301(acc[j]));
+        const V b = hn::Add(acc[j + 1], hn::Shuffle2301(acc[j + 1]));
+        const V both = hn::Mul(hn::TableLookupLanes(hn::OddEven(b, a), idx), vscale);
+        hn::Store(hn::LowerHalf(dh, both), dh, st + (j0 + j) * kBq);
+        if (j + 1 < keys) hn::Store(hn::UpperHalf(dh, both), dh, st + (j0 + j + 1) * kBq);
+      }
+    }
+  }
+
+  // pack_p for the 8 rows of one group (half vectors: the next group's lanes untouched).
+  static void pack_p_decode(float* st, index_t cols) {
+    const hn::Half<DU> du;
+    const auto bias = hn::Set(du, 0x7FFFu), one = hn::Set(du, 1u), hi = hn::Set(du, 0xFFFF0000u);
+    auto round = [&](hn::Vec<hn::Half<DU>> x) {
+      return hn::Add(x, hn::Add(bias, hn::And(hn::ShiftRight<16>(x), one)));
+    };
+    auto* words = reinterpret_cast<std::uint32_t*>(st);
+    for (index_t jj = 0; 2 * jj < cols; ++jj) {
+      const std::uint32_t* s0 = words + 2 * jj * kBq;
+      const auto x0 = round(hn::Load(du, s0));
+      const auto x1 = 2 * jj + 1 < cols ? round(hn::Load(du, s0 + kBq)) : hn::Zero(du);
+      hn::Store(hn::Or(hn::ShiftRight<16>(x0), hn::And(x1, hi)), du, words + jj * kBq);
+    }
+  }
+
+  // V rows j < cols (bf16 bits, dims < dv): whether one holds an infinity or NaN.
+  static bool AnyNonFiniteRows(const std::uint16_t* const* vrows, index_t cols, index_t dv) {
+    const hn::Rebind<std::uint16_t, D> d16;
+    const auto N = static_cast<index_t>(hn::Lanes(d16));
+    const auto exp = hn::Set(d16, std::uint16_t{0x7F80});
+    auto found = hn::Zero(d16);
+    for (index_t j = 0; j < cols; ++j) {
+      for (index_t e = 0; e < dv; e += N) {
+        const auto x = hn::MaskedLoad(hn::FirstN(d16, static_cast<std::size_t>(dv - e)), d16, vrows[j] + e);
+        found = hn::Or(found, hn::VecFromMask(d16, hn::Eq(hn::And(x, exp), exp)));
+      }
+    }
+    return !hn::AllFalse(d16, hn::MaskFromVec(found));
+  }
+
+  // (V[j0][e..e+15], V[j1][e..e+15]) as 16 bf16 pairs; dims >= dv read as 0;
+  // j1 == nullptr: the missing key of an odd tile, 0.
+  static HWY_INLINE VU PairRows(const std::uint16_t* r0, const std::uint16_t* r1, index_t e, index_t dv) {
+    const DU du;
+    const hn::Rebind<std::uint16_t, D> d16;
+    const auto m = hn::FirstN(d16, static_cast<std::size_t>(dv - e));
+    const VU lo = hn::PromoteTo(du, hn::MaskedLoad(m, d16, r0 + e));
+    if (r1 == nullptr) return lo;
+    return hn::Or(lo, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::MaskedLoad(m, d16, r1 + e))));
+  }
+
+  template <bool kHw, int kVecs, bool kSelect>
+  static HWY_INLINE void DecodePvBlock(const float* HWY_RESTRICT pt2, const std::uint16_t* const* vrows, index_t cols,
+                                       index_t e0, index_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
+                                       index_t dvp) {
+    constexpr int kRows = static_cast<int>(K::kLanes / 2);
+    const D d;
+    const DU du;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
+    V acc[kRows][kVecs];
+    HWY_UNROLL(8)
+    for (int r = 0; r < kRows; ++r) {
+      const V a = hn::Set(d, alpha[r]);
+      HWY_UNROLL(4)
+      for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::Mul(a, hn::Load(d, o + r * dvp + e0 + e * N));
+    }
+    const index_t pairs = (cols + 1) / 2;
+    for (index_t jj = 0; jj < pairs; ++jj) {
+      const std::uint16_t* r0 = vrows[2 * jj];
+      const std::uint16_t* r1 = 2 * jj + 1 < cols ? vrows[2 * jj + 1] : nullptr;
+      VU vv[kVecs];
+      HWY_UNROLL(4)
+      for (int e = 0; e < kVecs; ++e) vv[e] = PairRows(r0, r1, e0 + e * N, dv);
+      const float* p = pt2 + jj * kBq;
+      HWY_UNROLL(8)
+      for (int r = 0; r < kRows; ++r) {
+        const std::uint32_t pair = load_u32(p + r);
+        const VU pr = hn::Set(du, pair);
+        if constexpr (kSelect) {
+          const VU keep = hn::Set(du, ((pair & 0x7F80u) ? 0xFFFFu : 0u) | ((pair & 0x7F800000u) ? 0xFFFF0000u : 0u));
+          HWY_UNROLL(4)
+          for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, hn::And(vv[e], keep));
+        } else {
+          HWY_UNROLL(4)
+          for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, vv[e]);
+        }
+      }
+    }
+    HWY_UNROLL(8)
+    for (int r = 0; r < kRows; ++r) {
+      HWY_UNROLL(4)
+      for (int e = 0; e < kVecs; ++e) hn::Store(acc[r][e], d, o + r * dvp + e0 + e * N);
+    }
+  }
+
+  // O[r][e] = alpha[r] O[r][e] + sum_jj dot2(Pt2[jj][r], (V[2jj][e], V[2jj+1][e])), r < 8, e < dvp;
+  // V read in place (vrows[j], j < cols); dims in [dv, dvp) add 0. rows: the
+  // real rows (the NaN policy's zero-weight scan).
+  template <bool kHw>
+  static void accumulate_pv_decode(const float* HWY_RESTRICT pt2, index_t rows, const std::uint16_t* const* vrows,
+                                   index_t cols, index_t dv, index_t dvp, const float* HWY_RESTRICT alpha,
+                                   float* HWY_RESTRICT o) {
+    const auto N = static_cast<index_t>(hn::Lanes(D()));
+    const bool select = AnyHalfWithExponent(pt2, (cols + 1) / 2, rows, kBq, 0u) && AnyNonFiniteRows(vrows, cols, dv);
+    for (index_t e0 = 0; e0 < dvp; e0 += kDecodePvVecs * N) {
+      K::WithBlockSize<kDecodePvVecs>((dvp - e0) / N, [&](auto vecs) {
+        if (select) {
+          DecodePvBlock<kHw, decltype(vecs)::value, true>(pt2, vrows, cols, e0, dv, alpha, o, dvp);
+        } else {
+          DecodePvBlock<kHw, decltype(vecs)::value, false>(pt2, vrows, cols, e0, dv, alpha, o, dvp);
+        }
+      });
+    }
+  }
+#else
+  static bool decode_rows(index_t) { return false; }
+#endif
+
   // ---- Choosing the path -------------------------------------------------------
 
   // One in-cache tile (kBlockQ rows x kBlockKv keys, d = 128) through each
@@ -494,6 +699,45 @@ struct Bf16DotKernel {
       pack_v([&](index_t j) { return v.data() + j * kd; }, 1, kBkv, kd, kd, vbuf.get());
       Bf16DotKernel::accumulate_pv<kHw>(st.get(), kBq, kBkv / 2, vbuf.get(), kd, alpha.get(), o.get());
     }
+    // The same per-tile work for a decode tile: kDecodeRows query rows (a
+    // GQA group of 8), 64 keys.
+    static constexpr index_t kDecodeRows = 8;
+    void widen_decode() {
+      const index_t kd = opaque(kD);
+      for (index_t j = 0; j < kBkv; ++j) K::to_f32(k.data() + j * kd, kd, kbuf.get() + j * kd);
+      K::scores(qt.get(), K::padded_rows(kDecodeRows), kd, kbuf.get(), kd, kBkv, st.get());
+      for (index_t j = 0; j < kBkv; ++j) K::to_f32(v.data() + j * kd, kd, vbuf.get() + j * kd);
+      K::accumulate_pv(st.get(), kDecodeRows, kBkv, vbuf.get(), kd, kd, alpha.get(), o.get());
+    }
+#if HWY_TARGET <= HWY_AVX3
+    template <bool kHw>
+    void native_decode() {
+      const index_t kd = opaque(kD);
+      scores_decode<kHw>(qt2.get(), kd, krows.data(), kBkv, 1.0f, st.get());
+      pack_p_decode(st.get(), kBkv);
+      const std::uint16_t* vrows[kBkv];
+      for (index_t j = 0; j < kBkv; ++j) vrows[j] = bits_of(v.data() + j * kd);
+      accumulate_pv_decode<kHw>(st.get(), kDecodeRows, vrows, kBkv, kd, kd, alpha.get(), o.get());
+    }
+#endif
+    void amx_decode() {
+      const index_t kd = opaque(kD), rows16 = amx_rows(kDecodeRows);
+      amx::key_query_scores(krows[0], static_cast<std::size_t>(kd) * 2, kBkv,
+                            reinterpret_cast<const std::uint32_t*>(qt2.get()), kBq * sizeof(float), rows16, kd,
+                            st.get(), kBq * sizeof(float));
+      scale_rows(st.get(), kBkv, kDecodeRows, 1.0f);
+      auto* pq = reinterpret_cast<std::uint16_t*>(kbuf.get());
+#if HWY_TARGET <= HWY_AVX3
+      bf16_rows_decode(st.get(), kBkv, kBkv, pq);
+#else
+      amx::bf16_rows(st.get(), 1, kBq, kDecodeRows, kBkv, kBkv, rows16, pq);
+#endif
+      pack_v([&](index_t j) { return v.data() + j * kd; }, 1, kBkv, kd, kd, vbuf.get());
+      scale_o(o.get(), kDecodeRows, kd, alpha.get());
+      amx::accumulate_pv(pq, kBkv * 2, rows16, kBkv, reinterpret_cast<const std::uint32_t*>(vbuf.get()),
+                         static_cast<std::size_t>(kd) * sizeof(float), kd, o.get(),
+                         static_cast<std::size_t>(kd) * sizeof(float));
+    }
     void amx() {
       const index_t kd = opaque(kD);
       amx::key_query_scores(krows[0], static_cast<std::size_t>(kd) * 2, kBkv,
@@ -524,24 +768,51 @@ struct Bf16DotKernel {
   // Seconds per tile of each path this CPU can run (1e30 for the others),
   // best of 2 rounds x 3 tiles, alternating (a tile is 4.2 MFLOP, 25-50 us
   // on one core with the vector unit: the probe takes 0.5-1.5 ms).
+  // decode_*: the same for a decode tile (8 rows), 4 tiles per timing.
   struct ProbeSeconds {
     double widen = 1e30, pairs = 1e30, amx = 1e30;
+    double decode_widen = 1e30, decode_pairs = 1e30, decode_amx = 1e30;
   };
   static ProbeSeconds probe_seconds() {
     ProbeTile tile;
     ProbeSeconds s;
     const bool pairs = kNative && instruction_available(), with_amx = amx::available();
+    [[maybe_unused]] constexpr bool kDecodePairs = kNative && HWY_TARGET <= HWY_AVX3;
+    const auto four = [](auto&& f) {
+      for (int i = 0; i < 4; ++i) f();
+    };
     tile.widen();
+    tile.widen_decode();
     if constexpr (kNative) {
       if (pairs) tile.template native<true>();
     }
-    if (with_amx) tile.amx();
+#if HWY_TARGET <= HWY_AVX3
+    if constexpr (kDecodePairs) {
+      if (pairs) tile.template native_decode<true>();
+    }
+#endif
+    if (with_amx) {
+      tile.amx();
+      tile.amx_decode();
+    }
     for (int round = 0; round < 2; ++round) {
       s.widen = std::min(s.widen, best_seconds([&] { tile.widen(); }, 3));
+      s.decode_widen = std::min(s.decode_widen, best_seconds([&] { four([&] { tile.widen_decode(); }); }, 3));
       if constexpr (kNative) {
         if (pairs) s.pairs = std::min(s.pairs, best_seconds([&] { tile.template native<true>(); }, 3));
       }
-      if (with_amx) s.amx = std::min(s.amx, best_seconds([&] { tile.amx(); }, 3));
+#if HWY_TARGET <= HWY_AVX3
+      if constexpr (kDecodePairs) {
+        if (pairs) {
+          s.decode_pairs =
+              std::min(s.decode_pairs, best_seconds([&] { four([&] { tile.template native_decode<true>(); }); }, 3));
+        }
+      }
+#endif
+      if (with_amx) {
+        s.amx = std::min(s.amx, best_seconds([&] { tile.amx(); }, 3));
+        s.decode_amx = std::min(s.decode_amx, best_seconds([&] { four([&] { tile.amx_decode(); }); }, 3));
+      }
     }
     return s;
   }
@@ -584,10 +855,13 @@ struct Bf16DotKernel {
     } else {
       const detail::WorkUnit& u = c.w.unit_of(task);
       const auto N = static_cast<index_t>(hn::Lanes(D()));
-      if (c.p.k_strides.dim != 1 || u.rows() <= kBq / 4) return Bf16Tiles::widen;
-      const bool pairs_fit = u.kv_groups == 1 || u.group_rows() % N == 0;
-      const bool amx_fits =
-          amx::available() && c.p.dk % 32 == 0 && c.p.dk >= 64 && (u.kv_groups == 1 || u.group_rows() % 16 == 0);
+      if (c.p.k_strides.dim != 1) return Bf16Tiles::widen;
+      // Decode (few rows): the decode probe's times; 8-row groups take the
+      // decode pair blocks, and AMX pads each group to 16 rows.
+      const bool decode = u.rows() <= kBq / 4;
+      const bool pairs_fit = u.kv_groups == 1 || u.group_rows() % N == 0 || decode_rows(u.group_rows());
+      const bool amx_fits = amx::available() && c.p.dk % 32 == 0 && c.p.dk >= 64 &&
+                            (u.kv_groups == 1 || u.group_rows() % 16 == 0 || (decode && u.group_rows() < 16));
       const Bf16DotPath path = bf16_dot_path();
       const auto pairs = [&] {
         detail::bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
@@ -605,9 +879,11 @@ struct Bf16DotKernel {
         if (!amx::available()) return Bf16Tiles::widen;  // nothing to probe
       }
       const ProbeSeconds& s = probed();
-      const double amx_s = amx_fits ? s.amx : 1e30, pairs_s = pairs_fit ? s.pairs : 1e30;
-      if (amx_s < s.widen && amx_s <= pairs_s) return with_amx();
-      if (pairs_s < s.widen) return pairs();
+      const double widen_s = decode ? s.decode_widen : s.widen;
+      const double amx_s = amx_fits ? (decode ? s.decode_amx : s.amx) : 1e30;
+      const double pairs_s = pairs_fit ? (decode ? s.decode_pairs : s.pairs) : 1e30;
+      if (amx_s < widen_s && amx_s <= pairs_s) return with_amx();
+      if (pairs_s < widen_s) return pairs();
       return Bf16Tiles::widen;
     }
   }
@@ -626,11 +902,26 @@ struct Bf16DotKernel {
                 index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc) const {
       const std::uint16_t* krows[kBkv];
       for (index_t j = 0; j < tile.cols; ++j) krows[j] = bits_of(p.k_row(seq, tile.kv_begin + j, kv_head));
+#if HWY_TARGET <= HWY_AVX3
+      if (decode_rows(tile.rows_padded) && p.dk <= kDecodeMaxDk) {
+        scores_decode<kHw>(sc.qt.get() + r0, p.dk, krows, tile.cols, q_scale, tile.scores);
+        return;
+      }
+#endif
       Bf16DotKernel::scores<kHw>(sc.qt.get() + r0, tile.rows_padded, p.dk, krows, tile.cols, q_scale, tile.scores);
     }
     void accumulate(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
                     index_t dvp, const ScoreTile& tile, const float* alpha, float* o,
                     detail::TileScratch<K>& sc) const {
+#if HWY_TARGET <= HWY_AVX3
+      if (decode_rows(tile.rows_padded) && p.dk <= kDecodeMaxDk && p.v_strides.dim == 1) {
+        const std::uint16_t* vrows[kBkv];
+        for (index_t j = 0; j < tile.cols; ++j) vrows[j] = bits_of(p.v_row(seq, tile.kv_begin + j, kv_head));
+        pack_p_decode(tile.scores, tile.cols);
+        accumulate_pv_decode<kHw>(tile.scores, tile.rows, vrows, tile.cols, p.dv, dvp, alpha, o);
+        return;
+      }
+#endif
       pack_p(tile.scores, tile.cols, tile.rows_padded);
       pack_v([&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); }, p.v_strides.dim, tile.cols, p.dv, dvp,
              sc.vbuf.get());
@@ -650,15 +941,31 @@ struct Bf16DotKernel {
   // Conditions (choose_tiles): dk a multiple of 32 and >= 64, whole 16-row
   // blocks per K/V group.
   static constexpr index_t kAmxKeys = 32;
-  static index_t amx_rows(index_t rows) { return (rows + 15) / 16 * 16; }
+  // Rows of the AMX blocks: whole 16-row tiles, or fewer rows in one narrowed
+  // tile (decode: a group of 8 rows never touches the next group's).
+  static index_t amx_rows(index_t rows) { return rows < 16 ? rows : (rows + 15) / 16 * 16; }
   static index_t amx_keys(index_t cols) { return (cols + kAmxKeys - 1) / kAmxKeys * kAmxKeys; }
 
+  // st may start at a decode group's row 8 (half a vector in): unaligned
+  // vectors, and the rows past the last whole vector one by one.
   static void scale_rows(float* st, index_t cols, index_t rows_p, float scale) {
     const D d;
     const auto N = static_cast<index_t>(hn::Lanes(d));
     const V s = hn::Set(d, scale);
     for (index_t j = 0; j < cols; ++j) {
-      for (index_t r = 0; r < rows_p; r += N) hn::Store(hn::Mul(hn::Load(d, st + j * kBq + r), s), d, st + j * kBq + r);
+      float* row = st + j * kBq;
+      index_t r = 0;
+      for (; r + N <= rows_p; r += N) hn::StoreU(hn::Mul(hn::LoadU(d, row + r), s), d, row + r);
+#if HWY_TARGET <= HWY_AVX3
+      {
+        const hn::Half<D> dh;
+        if (r + N / 2 <= rows_p) {
+          hn::StoreU(hn::Mul(hn::LoadU(dh, row + r), hn::LowerHalf(dh, s)), dh, row + r);
+          r += N / 2;
+        }
+      }
+#endif
+      for (; r < rows_p; ++r) row[r] *= scale;
     }
   }
 
@@ -692,6 +999,33 @@ struct Bf16DotKernel {
     return buf;
   }
 
+#if HWY_TARGET <= HWY_AVX3
+  // Pq[r][key] for the 8 rows of a decode group (AMX's A operand of P.V):
+  // fp32 P from St[key][r] rounded to bf16 (nearest even), two keys a word,
+  // zero for keys in [cols, keys). amx::bf16_rows' scalar loop, one 8-lane
+  // vector per pair of keys instead: most of a decode tile's packing time.
+  static void bf16_rows_decode(const float* st, index_t cols, index_t keys, std::uint16_t* pq) {
+    const hn::Half<DU> du;
+    const auto bias = hn::Set(du, 0x7FFFu), one = hn::Set(du, 1u), hi = hn::Set(du, 0xFFFF0000u);
+    auto round = [&](hn::Vec<hn::Half<DU>> x) {
+      return hn::Add(x, hn::Add(bias, hn::And(hn::ShiftRight<16>(x), one)));
+    };
+    const auto* words = reinterpret_cast<const std::uint32_t*>(st);
+    const index_t row_words = keys / 2;
+    HWY_ALIGN std::uint32_t pair[8];
+    for (index_t jj = 0; jj < row_words; ++jj) {
+      auto x = hn::Zero(du);
+      if (2 * jj < cols) {
+        const auto x0 = round(hn::Load(du, words + 2 * jj * kBq));
+        const auto x1 = 2 * jj + 1 < cols ? round(hn::Load(du, words + (2 * jj + 1) * kBq)) : hn::Zero(du);
+        x = hn::Or(hn::ShiftRight<16>(x0), hn::And(x1, hi));
+      }
+      hn::Store(x, du, pair);
+      for (index_t r = 0; r < 8; ++r) store_u32(pq + 2 * (r * row_words + jj), pair[r]);
+    }
+  }
+#endif
+
   struct AmxTiles {
     void load_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
                     const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
@@ -713,7 +1047,15 @@ struct Bf16DotKernel {
                     detail::TileScratch<K>& sc) const {
       const index_t keys = amx_keys(tile.cols), rows16 = amx_rows(tile.rows_padded);
       auto* pq = reinterpret_cast<std::uint16_t*>(sc.kbuf.get());
+#if HWY_TARGET <= HWY_AVX3
+      if (rows16 == 8 && tile.rows_padded == 8) {
+        bf16_rows_decode(tile.scores, tile.cols, keys, pq);  // Pq[row][key]
+      } else {
+        amx::bf16_rows(tile.scores, 1, kBq, tile.rows_padded, tile.cols, keys, rows16, pq);
+      }
+#else
       amx::bf16_rows(tile.scores, 1, kBq, tile.rows_padded, tile.cols, keys, rows16, pq);  // Pq[row][key]
+#endif
       const auto v_row = [&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); };
       pack_v(v_row, p.v_strides.dim, tile.cols, p.dv, dvp, sc.vbuf.get());
       const index_t pairs = (tile.cols + 1) / 2;

@@ -22,6 +22,7 @@
 
 #include "bindings.hpp"
 #include "core_api.hpp"
+#include "ffi_signatures.hpp"
 #include "internal.hpp"
 
 #ifdef SEQATTN_PY_HAVE_XLA_FFI
@@ -301,41 +302,8 @@ AnyMask ffi_call_mask(std::int64_t mask_id, const CoreFfiIds& ids) {
   return AnyMask(document_mask(*layout, registered_mask(mask_id)), layout);
 }
 
-XLA_FFI_DEFINE_HANDLER(kAttentionForward, forward_impl,
-                       ffi::Ffi::Bind()
-                           .Arg<ffi::AnyBuffer>()         // q
-                           .Arg<ffi::AnyBuffer>()         // k
-                           .Arg<ffi::AnyBuffer>()         // v
-                           .Arg<ffi::Buffer<ffi::S32>>()  // q_segment_ids
-                           .Arg<ffi::Buffer<ffi::S32>>()  // kv_segment_ids
-                           .Arg<ffi::Buffer<ffi::S32>>()  // q_positions
-                           .Arg<ffi::Buffer<ffi::S32>>()  // kv_positions
-                           .Ret<ffi::AnyBuffer>()         // out
-                           .Ret<ffi::Buffer<ffi::F32>>()  // lse
-                           .Attr<std::int64_t>("mask_id")
-                           .Attr<float>("scale")
-                           .Attr<float>("softcap")
-                           .Attr<std::int64_t>("threads"));
-
-XLA_FFI_DEFINE_HANDLER(kAttentionBackward, backward_impl,
-                       ffi::Ffi::Bind()
-                           .Arg<ffi::AnyBuffer>()         // q
-                           .Arg<ffi::AnyBuffer>()         // k
-                           .Arg<ffi::AnyBuffer>()         // v
-                           .Arg<ffi::AnyBuffer>()         // out
-                           .Arg<ffi::Buffer<ffi::F32>>()  // lse
-                           .Arg<ffi::AnyBuffer>()         // dout
-                           .Arg<ffi::Buffer<ffi::S32>>()  // q_segment_ids
-                           .Arg<ffi::Buffer<ffi::S32>>()  // kv_segment_ids
-                           .Arg<ffi::Buffer<ffi::S32>>()  // q_positions
-                           .Arg<ffi::Buffer<ffi::S32>>()  // kv_positions
-                           .Ret<ffi::AnyBuffer>()         // dq
-                           .Ret<ffi::AnyBuffer>()         // dk
-                           .Ret<ffi::AnyBuffer>()         // dv
-                           .Attr<std::int64_t>("mask_id")
-                           .Attr<float>("scale")
-                           .Attr<float>("softcap")
-                           .Attr<std::int64_t>("threads"));
+XLA_FFI_DEFINE_HANDLER(kAttentionForward, forward_impl, ffi_signatures::forward(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER(kAttentionBackward, backward_impl, ffi_signatures::backward(ffi::Ffi::Bind()));
 
 void bind_jax_ffi(nb::module_& m) {
   m.attr("has_xla_ffi") = true;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../ffi_signatures.hpp"
 #include "engine.hpp"
 #include "module.hpp"
 
@@ -237,43 +238,11 @@ ffi::Error backward_impl(void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::
 
 }  // namespace
 
+// XLA's stream (cudaStream_t) first, then the CPU handlers' operands.
 XLA_FFI_DEFINE_HANDLER(kCudaAttentionForward, forward_impl,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<void*>>()  // XLA's cudaStream_t
-                           .Arg<ffi::AnyBuffer>()              // q
-                           .Arg<ffi::AnyBuffer>()              // k
-                           .Arg<ffi::AnyBuffer>()              // v
-                           .Arg<ffi::Buffer<ffi::S32>>()       // q_segment_ids
-                           .Arg<ffi::Buffer<ffi::S32>>()       // kv_segment_ids
-                           .Arg<ffi::Buffer<ffi::S32>>()       // q_positions
-                           .Arg<ffi::Buffer<ffi::S32>>()       // kv_positions
-                           .Ret<ffi::AnyBuffer>()              // out
-                           .Ret<ffi::Buffer<ffi::F32>>()       // lse
-                           .Attr<std::int64_t>("mask_id")
-                           .Attr<float>("scale")
-                           .Attr<float>("softcap")
-                           .Attr<std::int64_t>("threads"));
-
+                       ffi_signatures::forward(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>()));
 XLA_FFI_DEFINE_HANDLER(kCudaAttentionBackward, backward_impl,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<void*>>()  // XLA's cudaStream_t
-                           .Arg<ffi::AnyBuffer>()              // q
-                           .Arg<ffi::AnyBuffer>()              // k
-                           .Arg<ffi::AnyBuffer>()              // v
-                           .Arg<ffi::AnyBuffer>()              // out
-                           .Arg<ffi::Buffer<ffi::F32>>()       // lse
-                           .Arg<ffi::AnyBuffer>()              // dout
-                           .Arg<ffi::Buffer<ffi::S32>>()       // q_segment_ids
-                           .Arg<ffi::Buffer<ffi::S32>>()       // kv_segment_ids
-                           .Arg<ffi::Buffer<ffi::S32>>()       // q_positions
-                           .Arg<ffi::Buffer<ffi::S32>>()       // kv_positions
-                           .Ret<ffi::AnyBuffer>()              // dq
-                           .Ret<ffi::AnyBuffer>()              // dk
-                           .Ret<ffi::AnyBuffer>()              // dv
-                           .Attr<std::int64_t>("mask_id")
-                           .Attr<float>("scale")
-                           .Attr<float>("softcap")
-                           .Attr<std::int64_t>("threads"));
+                       ffi_signatures::backward(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>()));
 
 void bind_cuda_jax_ffi(nanobind::module_& m) {
   namespace nb = nanobind;

@@ -345,36 +345,57 @@ struct Bf16DotKernel {
   template <bool kHw, int kRows, int kVecs, bool kSelect>
   static HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt2, index_t pairs, const float* HWY_RESTRICT vp,
                                  const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o, index_t dvp) {
-    const D d;
     const DU du;
-    const auto N = static_cast<index_t>(hn::Lanes(d));
+    const auto N = static_cast<index_t>(hn::Lanes(D()));
     const auto* v2 = reinterpret_cast<const std::uint32_t*>(vp);
     V acc[kRows][kVecs];
+    ScaledRows<kRows, kVecs>(alpha, o, dvp, acc);
+    for (index_t jj = 0; jj < pairs; ++jj) {
+      VU vv[kVecs];
+      HWY_UNROLL(8)
+      for (int e = 0; e < kVecs; ++e) vv[e] = hn::Load(du, v2 + jj * dvp + e * N);
+      AddPairDots<kHw, kRows, kVecs, kSelect>(pt2 + jj * kBq, vv, acc);
+    }
+    StoreRows<kRows, kVecs>(acc, o, dvp);
+  }
+
+  // The steps PvBlock and DecodePvBlock share, on kRows rows of kVecs vectors
+  // of O from `o` (rows dvp apart). acc = alpha[r] * O.
+  template <int kRows, int kVecs>
+  static HWY_INLINE void ScaledRows(const float* HWY_RESTRICT alpha, const float* HWY_RESTRICT o, index_t dvp,
+                                    V (&acc)[kRows][kVecs]) {
+    const D d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
     HWY_UNROLL(8)
     for (int r = 0; r < kRows; ++r) {
       const V a = hn::Set(d, alpha[r]);
       HWY_UNROLL(8)
       for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::Mul(a, hn::Load(d, o + r * dvp + e * N));
     }
-    for (index_t jj = 0; jj < pairs; ++jj) {
-      VU vv[kVecs];
-      HWY_UNROLL(8)
-      for (int e = 0; e < kVecs; ++e) vv[e] = hn::Load(du, v2 + jj * dvp + e * N);
-      const float* p = pt2 + jj * kBq;
-      HWY_UNROLL(8)
-      for (int r = 0; r < kRows; ++r) {
-        const std::uint32_t pair = load_u32(p + r);
-        const VU pr = hn::Set(du, pair);
-        if constexpr (kSelect) {
-          const VU keep = hn::Set(du, ((pair & 0x7F80u) ? 0xFFFFu : 0u) | ((pair & 0x7F800000u) ? 0xFFFF0000u : 0u));
-          HWY_UNROLL(8)
-          for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, hn::And(vv[e], keep));
-        } else {
-          HWY_UNROLL(8)
-          for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, vv[e]);
-        }
+  }
+  // acc[r][e] += dot2(the bf16 pair p[r], vv[e]): one pair of keys (V rows
+  // paired in vv) into every row; kSelect as PvBlock says.
+  template <bool kHw, int kRows, int kVecs, bool kSelect>
+  static HWY_INLINE void AddPairDots(const float* HWY_RESTRICT p, const VU (&vv)[kVecs], V (&acc)[kRows][kVecs]) {
+    const DU du;
+    HWY_UNROLL(8)
+    for (int r = 0; r < kRows; ++r) {
+      const std::uint32_t pair = load_u32(p + r);
+      const VU pr = hn::Set(du, pair);
+      if constexpr (kSelect) {
+        const VU keep = hn::Set(du, ((pair & 0x7F80u) ? 0xFFFFu : 0u) | ((pair & 0x7F800000u) ? 0xFFFF0000u : 0u));
+        HWY_UNROLL(8)
+        for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, hn::And(vv[e], keep));
+      } else {
+        HWY_UNROLL(8)
+        for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, vv[e]);
       }
     }
+  }
+  template <int kRows, int kVecs>
+  static HWY_INLINE void StoreRows(const V (&acc)[kRows][kVecs], float* HWY_RESTRICT o, index_t dvp) {
+    const D d;
+    const auto N = static_cast<index_t>(hn::Lanes(d));
     HWY_UNROLL(8)
     for (int r = 0; r < kRows; ++r) {
       HWY_UNROLL(8)
@@ -581,16 +602,9 @@ struct Bf16DotKernel {
                                        index_t e0, index_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
                                        index_t dvp) {
     constexpr int kRows = static_cast<int>(K::kLanes / 2);
-    const D d;
-    const DU du;
-    const auto N = static_cast<index_t>(hn::Lanes(d));
+    const auto N = static_cast<index_t>(hn::Lanes(D()));
     V acc[kRows][kVecs];
-    HWY_UNROLL(8)
-    for (int r = 0; r < kRows; ++r) {
-      const V a = hn::Set(d, alpha[r]);
-      HWY_UNROLL(4)
-      for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::Mul(a, hn::Load(d, o + r * dvp + e0 + e * N));
-    }
+    ScaledRows<kRows, kVecs>(alpha, o + e0, dvp, acc);
     const index_t pairs = (cols + 1) / 2;
     for (index_t jj = 0; jj < pairs; ++jj) {
       const std::uint16_t* r0 = vrows[2 * jj];
@@ -598,26 +612,9 @@ struct Bf16DotKernel {
       VU vv[kVecs];
       HWY_UNROLL(4)
       for (int e = 0; e < kVecs; ++e) vv[e] = PairRows(r0, r1, e0 + e * N, dv);
-      const float* p = pt2 + jj * kBq;
-      HWY_UNROLL(8)
-      for (int r = 0; r < kRows; ++r) {
-        const std::uint32_t pair = load_u32(p + r);
-        const VU pr = hn::Set(du, pair);
-        if constexpr (kSelect) {
-          const VU keep = hn::Set(du, ((pair & 0x7F80u) ? 0xFFFFu : 0u) | ((pair & 0x7F800000u) ? 0xFFFF0000u : 0u));
-          HWY_UNROLL(4)
-          for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, hn::And(vv[e], keep));
-        } else {
-          HWY_UNROLL(4)
-          for (int e = 0; e < kVecs; ++e) acc[r][e] = PairDot<kHw>(acc[r][e], pr, vv[e]);
-        }
-      }
+      AddPairDots<kHw, kRows, kVecs, kSelect>(pt2 + jj * kBq, vv, acc);
     }
-    HWY_UNROLL(8)
-    for (int r = 0; r < kRows; ++r) {
-      HWY_UNROLL(4)
-      for (int e = 0; e < kVecs; ++e) hn::Store(acc[r][e], d, o + r * dvp + e0 + e * N);
-    }
+    StoreRows<kRows, kVecs>(acc, o + e0, dvp);
   }
 
   // O[r][e] = alpha[r] O[r][e] + sum_jj dot2(Pt2[jj][r], (V[2jj][e], V[2jj+1][e])), r < 8, e < dvp;

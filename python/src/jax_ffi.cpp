@@ -22,7 +22,7 @@
 
 #include "bindings.hpp"
 #include "core_api.hpp"
-#include "ffi_signatures.hpp"
+#include "ffi_common.hpp"
 #include "internal.hpp"
 
 #ifdef SEQATTN_PY_HAVE_XLA_FFI
@@ -41,6 +41,10 @@ namespace seqattn::python {
 
 #ifdef SEQATTN_PY_HAVE_XLA_FFI
 namespace ffi = xla::ffi;
+using ffi_buffers::dims_of;
+using ffi_buffers::fold_leading;
+using ffi_buffers::input;
+using ffi_buffers::output;
 
 namespace {
 
@@ -60,32 +64,6 @@ AnyMask registered_mask(std::int64_t id) {
   detail::require(id >= 0 && id < static_cast<std::int64_t>(registry().size()), "seqattn.jax: mask id ", id,
                   " was never registered");
   return registry()[static_cast<std::size_t>(id)];
-}
-
-Extents dims_of(ffi::Span<const std::int64_t> d) {
-  Extents e;
-  for (std::int64_t x : d) e.push_back(static_cast<index_t>(x));
-  return e;
-}
-
-// [..., a, b, c] -> [prod(...), a, b, c] (row-major buffers: a reshape).
-Extents fold_leading(const Extents& e, int keep, const char* name) {
-  detail::require(e.rank() >= keep + 1, "seqattn.jax: ", name, " must have at least ", keep + 1, " dims, got shape ",
-                  e);
-  Extents out{e.drop_last(keep).size()};
-  for (int i = e.rank() - keep; i < e.rank(); ++i) out.push_back(e[i]);
-  return out;
-}
-
-template <class T>
-TensorView<const T> input(ffi::AnyBuffer b, int keep, const char* name) {
-  return TensorView<const T>(static_cast<const T*>(b.untyped_data()),
-                             fold_leading(dims_of(b.dimensions()), keep, name));
-}
-
-template <class T>
-TensorView<T> output(ffi::Result<ffi::AnyBuffer>& b, int keep, const char* name) {
-  return TensorView<T>(static_cast<T*>(b->untyped_data()), fold_leading(dims_of(b->dimensions()), keep, name));
 }
 
 TensorView<const std::int32_t> ids_view(ffi::Buffer<ffi::S32> b, const char* name) {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../ffi_signatures.hpp"
+#include "../ffi_common.hpp"
 #include "engine.hpp"
 #include "module.hpp"
 
@@ -29,34 +29,12 @@ namespace seqattn::python::cuda_module {
 
 #ifdef SEQATTN_PY_HAVE_XLA_FFI
 namespace ffi = xla::ffi;
+using ffi_buffers::dims_of;
+using ffi_buffers::fold_leading;
+using ffi_buffers::input;
+using ffi_buffers::output;
 
 namespace {
-
-Extents dims_of(ffi::Span<const std::int64_t> d) {
-  Extents e;
-  for (std::int64_t x : d) e.push_back(static_cast<index_t>(x));
-  return e;
-}
-
-// [..., a, b, c] -> [prod(...), a, b, c] (row-major buffers: a reshape).
-Extents fold_leading(const Extents& e, int keep, const char* name) {
-  detail::require(e.rank() >= keep + 1, "seqattn.jax (CUDA): ", name, " must have at least ", keep + 1,
-                  " dims, got shape ", e);
-  Extents out{e.drop_last(keep).size()};
-  for (int i = e.rank() - keep; i < e.rank(); ++i) out.push_back(e[i]);
-  return out;
-}
-
-template <class T>
-TensorView<const T> input(ffi::AnyBuffer b, int keep, const char* name) {
-  return TensorView<const T>(static_cast<const T*>(b.untyped_data()),
-                             fold_leading(dims_of(b.dimensions()), keep, name));
-}
-
-template <class T>
-TensorView<T> output(ffi::Result<ffi::AnyBuffer>& b, int keep, const char* name) {
-  return TensorView<T>(static_cast<T*>(b->untyped_data()), fold_leading(dims_of(b->dimensions()), keep, name));
-}
 
 // The ids of a call copied to the host ([rows, S]; empty: not given).
 struct HostIds {

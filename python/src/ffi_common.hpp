@@ -1,15 +1,52 @@
-// The operands, results and attributes of seqattn.jax's two custom calls, in
-// the order seqattn/jax.py passes them: one list for the CPU handlers
-// (jax_ffi.cpp) and the CUDA ones (cuda/jax_ffi_cuda.cpp, which bind XLA's
-// stream first and hand the rest of the binding here).
+// What the CPU (jax_ffi.cpp) and CUDA (cuda/jax_ffi_cuda.cpp) XLA handlers of
+// seqattn.jax share: XLA buffers as engine views, and the operands, results
+// and attributes of the two custom calls in the order seqattn/jax.py passes
+// them (the CUDA handlers bind XLA's stream first and hand the rest here).
 #pragma once
 
 #include <cstdint>
 #include <utility>
 
+#include "seqattn/core/error.hpp"
+#include "seqattn/core/tensor.hpp"
+
 #include "xla/ffi/api/ffi.h"
 
-namespace seqattn::python::ffi_signatures {
+namespace seqattn::python {
+
+namespace ffi_buffers {
+
+namespace ffi = xla::ffi;
+
+inline Extents dims_of(ffi::Span<const std::int64_t> d) {
+  Extents e;
+  for (std::int64_t x : d) e.push_back(static_cast<index_t>(x));
+  return e;
+}
+
+// [..., a, b, c] -> [prod(...), a, b, c] (row-major buffers: a reshape).
+inline Extents fold_leading(const Extents& e, int keep, const char* name) {
+  detail::require(e.rank() >= keep + 1, "seqattn.jax: ", name, " must have at least ", keep + 1, " dims, got shape ",
+                  e);
+  Extents out{e.drop_last(keep).size()};
+  for (int i = e.rank() - keep; i < e.rank(); ++i) out.push_back(e[i]);
+  return out;
+}
+
+template <class T>
+TensorView<const T> input(ffi::AnyBuffer b, int keep, const char* name) {
+  return TensorView<const T>(static_cast<const T*>(b.untyped_data()),
+                             fold_leading(dims_of(b.dimensions()), keep, name));
+}
+
+template <class T>
+TensorView<T> output(ffi::Result<ffi::AnyBuffer>& b, int keep, const char* name) {
+  return TensorView<T>(static_cast<T*>(b->untyped_data()), fold_leading(dims_of(b->dimensions()), keep, name));
+}
+
+}  // namespace ffi_buffers
+
+namespace ffi_signatures {
 
 namespace ffi = xla::ffi;
 
@@ -62,4 +99,6 @@ auto backward(Binding b) {
                         .template Ret<ffi::AnyBuffer>());                   // dv
 }
 
-}  // namespace seqattn::python::ffi_signatures
+}  // namespace ffi_signatures
+
+}  // namespace seqattn::python

@@ -183,7 +183,11 @@ void compare_values(
   }
 }
 
-void compare_lse(const Tensor<float>& got, const Tensor<float>& want, bool finite_inputs) {
+// LSE within kLseTol of max(1, |LSE|, logit_bound): a softcapped logit (up to
+// `softcap` in size) carries the vectorized tanh's error relative to itself,
+// and the LSE inherits it (a fuzzer input with softcap 16 and scale 1.74 met
+// 1.05e-4 against 1e-4 * max(1, |LSE|)).
+void compare_lse(const Tensor<float>& got, const Tensor<float>& want, bool finite_inputs, float logit_bound) {
   for (index_t i = 0; i < want.size(); ++i) {
     const float a = got.data()[i], b = want.data()[i];
     FUZZ_CHECK(std::isnan(a) == std::isnan(b), "lse[%lld]: Highway %g, Reference %g (NaN positions differ)",
@@ -194,8 +198,8 @@ void compare_lse(const Tensor<float>& got, const Tensor<float>& want, bool finit
       FUZZ_CHECK(a == b, "lse[%lld]: Highway %g, Reference %g", (long long)i, a, b);
       continue;
     }
-    FUZZ_CHECK(std::abs(a - b) <= kLseTol * std::max(1.0f, std::abs(b)), "lse[%lld]: Highway %.9g, Reference %.9g",
-               (long long)i, a, b);
+    FUZZ_CHECK(std::abs(a - b) <= kLseTol * std::max({1.0f, std::abs(b), logit_bound}),
+               "lse[%lld]: Highway %.9g, Reference %.9g", (long long)i, a, b);
   }
 }
 
@@ -318,7 +322,7 @@ void compare(Problem& p, const M& mask) {
     return false;
   };
   compare_values(got->out, want->out, kForwardTol, 0, finite, "out", value_may_underflow);
-  compare_lse(got->lse, want->lse, finite);
+  compare_lse(got->lse, want->lse, finite, p.softcap);
   if (!p.backward) return;
   // Open finding (issue 21): with non-finite inputs the backends can disagree
   // on which gradients are NaN where a weight underflows to 0 in one

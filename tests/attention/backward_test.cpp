@@ -393,12 +393,15 @@ TEST_CASE("bf16 backward stays close to the reference", "[attention][backward][b
 }
 
 // The bf16 key pass on AMX tiles (tiled_backward.hpp, amx_key_block) where
-// the CPU has AMX: random shapes with q- and kv-tiles cut short, GQA, masks
-// with partial tiles, softcap (a score hook); P and dS rounded to bf16 give
-// an NMSE of about 1e-5 against the fp32 reference. Forcing AMX on a CPU
+// the CPU has AMX, and on pair dot products (pair_key_block: the instruction
+// where the CPU has it, else its emulation): random shapes with q- and
+// kv-tiles cut short, GQA, odd and non-power-of-two head dims, masks with
+// partial tiles, softcap (a score hook); P and dS rounded to bf16 give an
+// NMSE of about 1e-5 against the fp32 reference. Forcing AMX on a CPU
 // without it (or with a non-finite input) runs the vector path: the same
 // checks then hold and no AMX task is counted.
-TEST_CASE("bf16 backward on AMX tiles stays close to the reference", "[attention][backward][bf16][amx]") {
+TEST_CASE("bf16 backward on AMX tiles and pair dots stays close to the reference",
+          "[attention][backward][bf16][amx][pairs]") {
   std::mt19937 rng(457);
   auto to_bf16 = [](const Tensor<float>& t) {
     Tensor<bfloat16> r(t.shape());
@@ -413,12 +416,14 @@ TEST_CASE("bf16 backward on AMX tiles stays close to the reference", "[attention
     for (index_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(1 + i * 3 / n);
     return v;
   };
-  for (const Shape sh : {Shape{100, 120, 4, 2, 128}, Shape{200, 200, 2, 2, 64}, Shape{37, 150, 4, 1, 96}}) {
+  for (const Shape sh : {Shape{100, 120, 4, 2, 128}, Shape{200, 200, 2, 2, 64}, Shape{37, 150, 4, 1, 96},
+                         Shape{70, 70, 3, 3, 72}, Shape{130, 90, 4, 2, 33}, Shape{9, 9, 2, 1, 80}}) {
     const Problem x(rng, 1, sh.sq, sh.skv, sh.heads, sh.kv_heads, sh.d);
     Tensor<bfloat16> q = to_bf16(x.q), k = to_bf16(x.k), v = to_bf16(x.v), dout = to_bf16(x.dout);
     const AttentionInputs<bfloat16> in{q.view(), k.view(), v.view()};
     const std::vector<std::int32_t> doc_ids = ids(sh.sq);
-    auto run = [&](auto backend, auto mask, Bf16DotPath path, std::uint64_t* amx_tasks) {
+    // path_tasks: the backward's key tasks on the forced path (its counter's increase over the backward call).
+    auto run = [&](auto backend, auto mask, Bf16DotPath path, std::uint64_t* path_tasks) {
       using Backend = decltype(backend);
       const Bf16DotPath saved = bf16_dot_path();
       set_bf16_dot_path(path);
@@ -429,20 +434,25 @@ TEST_CASE("bf16 backward on AMX tiles stays close to the reference", "[attention
       Tensor<float> lse(x.lse_shape);
       execution::ThreadPool pool(2);
       attention_forward(plan, in, out.view(), lse.view(), variants::Softcap{8.0f}, pool);
-      const std::uint64_t before = bf16_amx_tasks();
+      const auto tasks = [&] { return path == Bf16DotPath::amx ? bf16_amx_tasks() : bf16_native_tasks(); };
+      const std::uint64_t before = tasks();
       attention_backward(plan, in, out.view(), lse.view(), dout.view(), {dq.view(), dk.view(), dv.view()},
                          variants::Softcap{8.0f}, pool);
-      if (amx_tasks != nullptr) *amx_tasks = bf16_amx_tasks() - before;
+      if (path_tasks != nullptr) *path_tasks = tasks() - before;
       set_bf16_dot_path(saved);
       return std::array<Tensor<bfloat16>, 3>{std::move(dq), std::move(dk), std::move(dv)};
     };
     auto check = [&](auto mask) {
       INFO("sq " << sh.sq << " skv " << sh.skv << " heads " << sh.heads << "/" << sh.kv_heads << " d " << sh.d);
       const auto want = run(backends::Reference{}, mask, Bf16DotPath::widen, nullptr);
-      std::uint64_t amx_tasks = 0;
-      const auto got = run(backends::Highway{}, mask, Bf16DotPath::amx, &amx_tasks);
-      CHECK((amx_tasks > 0) == (amx::available() && sh.d % 32 == 0));
-      for (std::size_t i = 0; i < 3; ++i) CHECK(compare(got[i], want[i]).nmse() <= 1e-4);
+      for (const Bf16DotPath path : {Bf16DotPath::amx, Bf16DotPath::native}) {
+        INFO("path " << static_cast<int>(path));
+        std::uint64_t tasks = 0;
+        const auto got = run(backends::Highway{}, mask, path, &tasks);
+        if (path == Bf16DotPath::amx) CHECK((tasks > 0) == (amx::available() && sh.d % 32 == 0));
+        if (path == Bf16DotPath::native) CHECK(tasks > 0);
+        for (std::size_t i = 0; i < 3; ++i) CHECK(compare(got[i], want[i]).nmse() <= 1e-4);
+      }
     };
     check(CausalMask{Alignment::bottom_right});
     check(SlidingWindowMask{40, 0, Alignment::bottom_right});
@@ -452,15 +462,19 @@ TEST_CASE("bf16 backward on AMX tiles stays close to the reference", "[attention
       const DocumentLayout layout =
           DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids_of.data(), {1, sh.sq}));
       check(document_mask(layout, CausalMask{}));
-      // A NaN in the hidden key: the vector path takes the call (AMX would meet it with zero weights), and no
-      // gradient turns NaN.
+      // A NaN in the hidden key: the vector path takes the call off AMX (which would meet it with zero weights);
+      // the pair dots keep it and skip it through their select blocks. No gradient turns NaN.
+      const bfloat16 saved_key = k.data()[0];
       k.data()[0] = bfloat16(std::numeric_limits<float>::quiet_NaN());
-      std::uint64_t amx_tasks = 0;
-      const auto got = run(backends::Highway{}, document_mask(layout, CausalMask{}), Bf16DotPath::amx, &amx_tasks);
-      CHECK(amx_tasks == 0);
-      for (const auto& g : got) {
-        for (index_t i = 0; i < g.size(); ++i) REQUIRE(std::isfinite(to_float(g.data()[i])));
+      for (const Bf16DotPath path : {Bf16DotPath::amx, Bf16DotPath::native}) {
+        std::uint64_t tasks = 0;
+        const auto got = run(backends::Highway{}, document_mask(layout, CausalMask{}), path, &tasks);
+        CHECK((tasks == 0) == (path == Bf16DotPath::amx));
+        for (const auto& g : got) {
+          for (index_t i = 0; i < g.size(); ++i) REQUIRE(std::isfinite(to_float(g.data()[i])));
+        }
       }
+      k.data()[0] = saved_key;
     }
   }
 }

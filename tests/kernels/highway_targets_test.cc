@@ -64,6 +64,7 @@ struct FlashKernelEntry {
   void (*accumulate_pv)(const float*, index_t, index_t, const float*, index_t, index_t, const float*, float*) = nullptr;
   void (*softmax_backward_lanes)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
   void (*softmax_backward_columns)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
+  void (*transpose_tile)(const float*, index_t, index_t, float*) = nullptr;
   ForwardFn<float> forward_f32 = nullptr;
   // Forward, then backward with the same plan; writes dq, dk, dv.
   void (*backward_f32)(const AttentionInputs<float>&, const BlockMask&, TensorView<const float> dout,
@@ -137,6 +138,7 @@ kernel_tests::FlashKernelEntry FlashKernelOfThisTarget() {
   e.accumulate_pv = &K::accumulate_pv;
   e.softmax_backward_lanes = &K::softmax_backward_lanes;
   e.softmax_backward_columns = &K::softmax_backward_columns;
+  e.transpose_tile = &K::transpose_tile;
   e.forward_f32 = &ForwardOnThisTarget<float>;
   e.backward_f32 = &BackwardOnThisTarget;
   e.forward_bf16 = &ForwardOnThisTarget<bfloat16>;
@@ -428,6 +430,35 @@ TEST_CASE("FlashKernel to_f32 matches ScalarKernel on every Highway target", "[k
         }
         check_report(rf);
         check_report(rb);
+      });
+    }
+  }
+  require_every_target_ran(ran);
+}
+
+// Bit for bit (NaN payloads, signed zeros): whole 16 x 16 blocks and edges of
+// every size; what lies outside the transposed rectangle stays untouched.
+TEST_CASE("FlashKernel transpose_tile transposes on every Highway target", "[kernels][backward]") {
+  std::int64_t ran = 0;
+  std::mt19937 rng(151);
+  std::uniform_int_distribution<std::uint32_t> word;
+  for (const index_t rows : {1, 7, 8, 15, 16, 17, 33, 64, 100, 128}) {
+    for (const index_t cols : {1, 5, 16, 31, 32, 47, 64}) {
+      for_each_target(ran, [&](const FlashKernelEntry& k) {
+        if (rows > k.block_q || cols > k.block_q) return;
+        INFO("rows " << rows << ", cols " << cols);
+        const index_t bq = k.block_q;
+        Buffer s(bq * bq, 0.0f), got(bq * bq, kSentinel);
+        for (index_t i = 0; i < bq * bq; ++i) s[i] = std::bit_cast<float>(word(rng));
+        k.transpose_tile(s.data(), rows, cols, got.data());
+        Report rep;
+        for (index_t j = 0; j < bq; ++j) {
+          for (index_t r = 0; r < bq; ++r) {
+            const float want = j < cols && r < rows ? s[r * bq + j] : kSentinel;
+            rep.expect_bits(got[j * bq + r], want, at("dst", j * bq + r));
+          }
+        }
+        check_report(rep);
       });
     }
   }

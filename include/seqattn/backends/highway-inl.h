@@ -545,6 +545,73 @@ struct FlashKernel {
     }
   }
 
+  // ---- dst[j * kBlockQ + r] = s[r * kBlockQ + j], r < rows, j < cols ---------
+  // The backward's dS^T (queries on the lanes) for dQ += dS K. AVX3: whole
+  // 16 x 16 blocks through Transpose16 (64 shuffles and 16 loads and stores
+  // per block, against 256 scalar loads and stores), the edges element by
+  // element; other targets element by element.
+  static void transpose_tile(const float* HWY_RESTRICT s, index_t rows, index_t cols, float* HWY_RESTRICT dst) {
+    index_t r_full = 0, c_full = 0;
+#if HWY_TARGET <= HWY_AVX3
+    static_assert(kLanes == 16);
+    r_full = rows / 16 * 16;
+    c_full = cols / 16 * 16;
+    for (index_t r0 = 0; r0 < r_full; r0 += 16) {
+      for (index_t c0 = 0; c0 < c_full; c0 += 16) {
+        __m512i r[16];
+        for (int q = 0; q < 16; ++q) r[q] = _mm512_loadu_si512(s + (r0 + q) * kBlockQ + c0);
+        Transpose16(r, reinterpret_cast<std::uint32_t*>(dst) + c0 * kBlockQ + r0, kBlockQ, 16);
+      }
+    }
+#endif
+    for (index_t r = 0; r < rows; ++r) {
+      for (index_t j = r < r_full ? c_full : 0; j < cols; ++j) dst[j * kBlockQ + r] = s[r * kBlockQ + j];
+    }
+  }
+
+#if HWY_TARGET <= HWY_AVX3
+// GCC 12's unmasked forms of these intrinsics pass _mm512_undefined_epi32()
+// as the merge source, which -Wmaybe-uninitialized reports once inlined into
+// the dispatch TU's target-attribute bodies; nothing reads those lanes.
+#if HWY_COMPILER_GCC_ACTUAL
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+  // Rows c < `store` of the transpose of the 16 x 16 matrix of 32-bit words
+  // r[row] (lane = column), to dst + c * stride: two rounds of unpacks (32-
+  // then 64-bit) leave block L of r[4g + k] holding word 4L + k of rows
+  // 4g .. 4g + 3, and two rounds of 128-bit block shuffles gather each
+  // column's four blocks.
+  static HWY_INLINE void Transpose16(__m512i (&r)[16], std::uint32_t* HWY_RESTRICT dst, index_t stride, index_t store) {
+    __m512i t[16];
+    for (int g = 0; g < 4; ++g) {
+      t[4 * g + 0] = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
+      t[4 * g + 1] = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
+      t[4 * g + 2] = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
+      t[4 * g + 3] = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
+    }
+    for (int g = 0; g < 4; ++g) {
+      r[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+      r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+      r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+      r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int k = 0; k < 4; ++k) {
+      const __m512i a = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x88), b = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xDD);
+      const __m512i c = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x88),
+                    e = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xDD);
+      const __m512i column[4] = {_mm512_shuffle_i32x4(a, c, 0x88), _mm512_shuffle_i32x4(b, e, 0x88),
+                                 _mm512_shuffle_i32x4(a, c, 0xDD), _mm512_shuffle_i32x4(b, e, 0xDD)};
+      for (int l = 0; l < 4; ++l) {
+        if (4 * l + k < store) _mm512_storeu_si512(dst + (4 * l + k) * stride, column[l]);
+      }
+    }
+  }
+#if HWY_COMPILER_GCC_ACTUAL
+#pragma GCC diagnostic pop
+#endif
+#endif
+
   // ---- O[r][e] = alpha[r] * O[r][e] + sum_j Pt[j][r] * V[j][e] --------------
   // kSelect: a zero weight Pt[j][r] leaves O[r] as it is instead of adding
   // 0 * V[j] (NaN policy, attention/softmax_state.hpp: 0 * NaN must not reach

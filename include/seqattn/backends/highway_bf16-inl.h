@@ -244,26 +244,101 @@ struct Bf16DotKernel {
     }
   }
 
-  // St (fp32 P, [key][row]) -> Pt2[key/2][row] bf16 pairs, in place, P
-  // rounded to nearest even (P is finite and >= 0: FlashKernel's softmax
-  // never stores a NaN P, its NaN rows are NaN through alpha and l).
-  // rows_v: rows to pack, a multiple of the vector length.
+  // x rounded to bf16, nearest even, in the high half of each 32-bit lane
+  // (the low half is garbage). A NaN stays NaN (quieted: adding the rounding
+  // bias could carry a payload in the low bits into the exponent, or leave
+  // no mantissa bit in the high half). The forward's P is never NaN; the
+  // backward's P and dS are where the reference's are.
+  static HWY_INLINE VU RoundedBf16(V x) {
+    const DU du;
+    const VU bits = hn::BitCast(du, x);
+    const VU rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u))));
+    return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), hn::Or(bits, hn::Set(du, 0x00400000u)), rounded);
+  }
+
+  // St (fp32 P, [key][row]) -> Pt2[key/2][row] bf16 pairs, in place,
+  // rounded by RoundedBf16. rows_v: rows to pack, a multiple of the vector
+  // length.
   static void pack_p(float* st, index_t cols, index_t rows_v) {
     const D d;
     const DU du;
     const auto N = static_cast<index_t>(hn::Lanes(d));
-    const VU bias = hn::Set(du, 0x7FFFu), one = hn::Set(du, 1u), hi = hn::Set(du, 0xFFFF0000u);
-    auto round = [&](VU x) { return hn::Add(x, hn::Add(bias, hn::And(hn::ShiftRight<16>(x), one))); };
+    const VU hi = hn::Set(du, 0xFFFF0000u);
     auto* out = reinterpret_cast<std::uint32_t*>(st);
     for (index_t jj = 0; 2 * jj < cols; ++jj) {
       const float* s0 = st + 2 * jj * kBq;
       const bool has1 = 2 * jj + 1 < cols;
       for (index_t r = 0; r < rows_v; r += N) {
-        const VU x0 = round(hn::BitCast(du, hn::Load(d, s0 + r)));
-        const VU x1 = has1 ? round(hn::BitCast(du, hn::Load(d, s0 + kBq + r))) : hn::Zero(du);
+        const VU x0 = RoundedBf16(hn::Load(d, s0 + r));
+        const VU x1 = has1 ? RoundedBf16(hn::Load(d, s0 + kBq + r)) : hn::Zero(du);
         hn::Store(hn::Or(hn::ShiftRight<16>(x0), hn::And(x1, hi)), du, out + jj * kBq + r);
       }
     }
+  }
+
+  // S (fp32 [row][col], rows kBq apart) -> out[jj][row] = (S[row][2jj],
+  // S[row][2jj + 1]) bf16 pairs along the columns, rounded to nearest even
+  // as pack_p; zero for column `cols` of an odd count. rows_p: rows to write,
+  // whole vectors. The backward's dS^T operand of dQ += dS K: one pass instead
+  // of a scalar transpose of the fp32 tile and pack_p on it. AVX3: per 16
+  // rows x 32 columns, the pair words of each row from one two-source word
+  // permute, then FlashKernel::Transpose16.
+  static void pack_transposed_pairs(const float* HWY_RESTRICT s, index_t rows_p, index_t cols,
+                                    float* HWY_RESTRICT out) {
+    auto* dst = reinterpret_cast<std::uint32_t*>(out);
+    const index_t pairs = (cols + 1) / 2;
+#if HWY_TARGET <= HWY_AVX3
+    static_assert(K::kLanes == 16);
+// GCC 12's unmasked forms of these intrinsics pass _mm512_undefined_epi32()
+// as the merge source, which -Wmaybe-uninitialized reports once inlined into
+// the dispatch TU's target-attribute bodies; nothing reads those lanes.
+#if HWY_COMPILER_GCC_ACTUAL
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+    const auto rounded = [](__m512 x) { return RoundedBf16(V{x}).raw; };
+    // Word i of the result: the high halves of lanes 2i and 2i + 1 of the pair (a0, a1).
+    alignas(64) std::uint16_t index[32];
+    for (int i = 0; i < 16; ++i) {
+      index[2 * i] = static_cast<std::uint16_t>(4 * i + 1);
+      index[2 * i + 1] = static_cast<std::uint16_t>(4 * i + 3);
+    }
+    const __m512i halves = _mm512_load_si512(index);
+    for (index_t c0 = 0; c0 < cols; c0 += 32) {
+      const index_t left = cols - c0;
+      const __mmask16 m0 = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+      const __mmask16 m1 = left >= 32   ? __mmask16(0xFFFF)
+                           : left <= 16 ? __mmask16(0)
+                                        : __mmask16((1u << (left - 16)) - 1u);
+      const index_t words = std::min<index_t>(16, pairs - c0 / 2);
+      for (index_t r0 = 0; r0 < rows_p; r0 += 16) {
+        __m512i r[16];
+        for (int q = 0; q < 16; ++q) {
+          const float* row = s + (r0 + q) * kBq + c0;
+          const __m512i a0 = rounded(_mm512_maskz_loadu_ps(m0, row));
+          const __m512i a1 = rounded(_mm512_maskz_loadu_ps(m1, row + 16));
+          r[q] = _mm512_permutex2var_epi16(a0, halves, a1);
+        }
+        K::Transpose16(r, dst + (c0 / 2) * kBq + r0, kBq, words);
+      }
+    }
+#if HWY_COMPILER_GCC_ACTUAL
+#pragma GCC diagnostic pop
+#endif
+#else
+    const auto round_bits = [](float x) {  // RoundedBf16's high half
+      std::uint32_t b;
+      std::memcpy(&b, &x, sizeof(b));
+      return (x != x ? b | 0x00400000u : b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+    };
+    for (index_t jj = 0; jj < pairs; ++jj) {
+      for (index_t r = 0; r < rows_p; ++r) {
+        const float* row = s + r * kBq;
+        const std::uint32_t hi = 2 * jj + 1 < cols ? round_bits(row[2 * jj + 1]) : 0u;
+        dst[jj * kBq + r] = round_bits(row[2 * jj]) | (hi << 16);
+      }
+    }
+#endif
   }
 
   // ---- St[j][r] = scale * sum_i dot2(Qt2[i][r], K[j][2i..2i+1]) ---------------
@@ -459,6 +534,16 @@ struct Bf16DotKernel {
     } else {
       AccumulatePv<kHw, false>(pt2, rows, pairs, vp, dvp, alpha, o);
     }
+  }
+
+  // accumulate_pv where every value of Vp is known finite (the backward
+  // checks its inputs once per call): no tile needs the select blocks, so
+  // neither scan runs.
+  template <bool kHw>
+  static void accumulate_pv_finite(const float* HWY_RESTRICT pt2, index_t rows, index_t pairs,
+                                   const float* HWY_RESTRICT vp, index_t dvp, const float* HWY_RESTRICT alpha,
+                                   float* HWY_RESTRICT o) {
+    AccumulatePv<kHw, false>(pt2, rows, pairs, vp, dvp, alpha, o);
   }
 
 #if HWY_TARGET <= HWY_AVX3
@@ -826,15 +911,24 @@ struct Bf16DotKernel {
     return s;
   }
 
-  // The backward has no probe of its own: AMX where forced, or where the
-  // forward's probe found it the fastest bf16 arithmetic.
-  static bool backward_on_amx() {
-    if (!amx::available()) return false;
+  // The backward has no probe of its own: its five products per tile are
+  // the forward's two kinds (scores and P.V-like accumulations) on the same
+  // layouts, so the forward's probe picks its arithmetic too. AMX or the
+  // pair dot where forced or where the probe found it the fastest; widen
+  // otherwise. Pairs without the instruction (the emulation) only when forced.
+  static detail::Bf16Tiles backward_tiles() {
+    using detail::Bf16Tiles;
     const Bf16DotPath path = bf16_dot_path();
-    if (path == Bf16DotPath::amx) return true;
-    if (path != Bf16DotPath::automatic) return false;
+    const bool hw_pairs = kNative && instruction_available();
+    const auto pairs = [&] { return hw_pairs ? Bf16Tiles::pairs : Bf16Tiles::emulated_pairs; };
+    if (path == Bf16DotPath::widen) return Bf16Tiles::widen;
+    if (path == Bf16DotPath::native) return pairs();
+    if (path == Bf16DotPath::amx && amx::available()) return Bf16Tiles::amx;
+    if (!hw_pairs && !amx::available()) return Bf16Tiles::widen;  // nothing to probe
     const ProbeSeconds& s = probed();
-    return s.amx < s.widen && s.amx <= s.pairs;
+    if (amx::available() && s.amx < s.widen && s.amx <= s.pairs) return Bf16Tiles::amx;
+    if (hw_pairs && s.pairs < s.widen) return Bf16Tiles::pairs;
+    return Bf16Tiles::widen;
   }
 
   // ---- Which arithmetic runs a task (asked by the engine's run_task) ----------
@@ -1089,7 +1183,9 @@ struct Bf16DotTask<::seqattn::HWY_NAMESPACE::FlashKernel> {
   static Bf16Tiles choose(const Call& c, index_t task) {
     return Kernel::choose_tiles(c, task);
   }
-  static bool backward_on_amx() { return Kernel::backward_on_amx(); }
+  // The pair arithmetic's operations, for the backward's pair key pass.
+  using PairKernel = Kernel;
+  static Bf16Tiles backward_tiles() { return Kernel::backward_tiles(); }
 };
 }  // namespace seqattn::detail
 HWY_AFTER_NAMESPACE();

@@ -136,6 +136,14 @@ struct ScalarKernel {
       }
     }
   }
+
+  // dst[j][r] = s[r][j] for r < rows, j < cols (both kBlockQ floats per row):
+  // the backward's dS^T, queries on the lanes.
+  static void transpose_tile(const float* s, index_t rows, index_t cols, float* dst) {
+    for (index_t r = 0; r < rows; ++r) {
+      for (index_t j = 0; j < cols; ++j) dst[j * kBlockQ + r] = s[r * kBlockQ + j];
+    }
+  }
 };
 
 // Policy type: the portable tiled backend.

@@ -100,8 +100,8 @@ struct Bf16DotTask {
   static Bf16Tiles choose(const Call&, index_t) {
     return Bf16Tiles::widen;
   }
-  // Whether the bf16 backward's matmuls go to AMX tiles (tiled_backward.hpp).
-  static bool backward_on_amx() { return false; }
+  // The arithmetic of the bf16 backward's matmuls (tiled_backward.hpp).
+  static Bf16Tiles backward_tiles() { return Bf16Tiles::widen; }
 };
 
 }  // namespace detail

@@ -387,17 +387,9 @@ struct BackwardCall {
   const std::vector<float>& delta;
   DqCopies& dq;
   float scale = 1.0f;
-  bool on_amx = false;
+  Bf16Tiles arithmetic = Bf16Tiles::widen;  // of the key pass (backward_tiles)
+  bool finite = false;                      // every input finite (known for bf16 calls off the vector path)
 };
-
-// dst[key * kBq + q] = ds[q * kBq + key] for q < n, key < cols: dS^T with the
-// queries on the lanes, as accumulate_pv reads its weights.
-template <index_t kBq>
-void transpose_tile(const float* ds, index_t n, index_t cols, float* dst) {
-  for (index_t q = 0; q < n; ++q) {
-    for (index_t key = 0; key < cols; ++key) dst[key * kBq + q] = ds[q * kBq + key];
-  }
-}
 
 // This copy's dQ rows of one visited q-tile, zeroed when first touched.
 template <class T, class V>
@@ -445,7 +437,7 @@ void transform_and_mask(const BackwardCall<T, V>& c, const ScoreTile& t, const Q
 // ---- The bf16 key pass on AMX tiles (backends/amx.hpp) ---------------------------
 //
 // The same five products with bf16 operands and fp32 accumulation, where the
-// backend puts the bf16 backward on AMX (Bf16DotTask::backward_on_amx), dk
+// backend puts the bf16 backward on AMX (Bf16DotTask::backward_tiles), dk
 // and dv are multiples of 32, rows are contiguous along the head dim, and
 // every input is finite (checked once per call: a hidden non-finite value
 // would meet a zero weight inside a tile product, which AMX does not skip).
@@ -568,6 +560,103 @@ void amx_key_block(const BackwardCall<bfloat16, V>& c, const KeyTask& task, cons
   store_rows(c.bp.dv, b, kv0, task.kv_head, sc.acc_v.get(), cols, dv, dv, 1.0f);
 }
 
+// ---- The bf16 key pass on pair dot products (Bf16DotTask::PairKernel) -------
+//
+// The five products on bf16 pairs with fp32 accumulation, where the backend
+// chooses its pair arithmetic for the bf16 backward (backward_tiles): the
+// vector key pass's layouts, with every reduction axis in pairs. P and dS are
+// rounded to bf16 (nearest even) before the products that take them, as on
+// AMX; the scores and dP are fp32 sums of exact products.
+//   S  = Q K^T    PairKernel::scores: Kt2 [d/2][key] pairs, Q rows in place
+//   dP = dO V^T   the same with Vt2 [e/2][key] and the dO rows
+//   dV += P^T dO  PairKernel::accumulate_pv: P packed in place into [q/2][key]
+//                 pairs, dO rows paired along q [q/2][e]
+//   dK += dS^T Q  dS packed the same way, Q rows paired along q
+//   dQ += dS K    dS^T (transposed, then packed into [key/2][q] pairs), K
+//                 rows paired along keys [key/2][d]
+// Kt2, Vt2 and the K pairs are packed once per kv-tile, the rest once per
+// visit. Conditions (backward_tiles_for): rows contiguous along the head dim
+// (Q and dO are read in place as pairs). NaN policy as the vector path's: the
+// three accumulations skip a zero weight's non-finite value (the select
+// blocks of PairKernel::accumulate_pv), which a call whose inputs are all
+// finite never needs (accumulate_pv_finite: no scans); the same sums either way.
+namespace pair_pack {
+
+// out[i * stride + j] = (R_j[2i], R_j[2i+1]) for i < ceil(d / 2), j < n (the
+// high half zero past an odd d); zero for j in [n, n_pad).
+template <class Row>
+void pairs_along_d(const Row& row, index_t n, index_t n_pad, index_t d, std::uint32_t* out, index_t stride) {
+  const index_t pairs = (d + 1) / 2;
+  for (index_t j = 0; j < n; ++j) {
+    const bfloat16* r = row(j);
+    for (index_t i = 0; i < d / 2; ++i) {
+      out[i * stride + j] =
+          static_cast<std::uint32_t>(amx_pack::bits(r + 2 * i)) | (std::uint32_t{amx_pack::bits(r + 2 * i + 1)} << 16);
+    }
+    if (d & 1) out[(pairs - 1) * stride + j] = amx_pack::bits(r + d - 1);
+  }
+  for (index_t i = 0; i < pairs; ++i) std::fill(out + i * stride + n, out + i * stride + n_pad, 0u);
+}
+
+}  // namespace pair_pack
+
+template <bool kHw, class Kernel, class V>
+void pair_key_block(const BackwardCall<bfloat16, V>& c, const KeyTask& task, const KeyBlock& block,
+                    BackwardScratch<Kernel>& sc) {
+  using Pairs = typename Bf16DotTask<Kernel>::PairKernel;
+  constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
+  const AttentionProblem<bfloat16>& p = c.bp.fwd;
+  const TiledBackwardWork& w = c.w;
+  const SequenceGeometry& seq = p.sequence(task.sequence);
+  const index_t b = task.sequence, kv0 = block.kv_block * kBkv, cols = std::min(kBkv, seq.kv_len - kv0);
+  const index_t cols_p = Kernel::padded_rows(cols), key_pairs = (cols + 1) / 2;
+  const auto k_row = [&](index_t j) { return p.k_row(seq, kv0 + j, task.kv_head); };
+  const auto v_row = [&](index_t j) { return p.v_row(seq, kv0 + j, task.kv_head); };
+  float *kt2 = sc.kt.get(), *vt2 = sc.vt.get(), *k_pairs = sc.k_rows.get();
+  pair_pack::pairs_along_d(k_row, cols, cols_p, p.dk, reinterpret_cast<std::uint32_t*>(kt2), kBq);
+  pair_pack::pairs_along_d(v_row, cols, cols_p, p.dv, reinterpret_cast<std::uint32_t*>(vt2), kBq);
+  Pairs::pack_v(k_row, 1, cols, p.dk, w.dkp, k_pairs);
+  std::fill_n(sc.acc_k.get(), cols * w.dkp, 0.0f);
+  std::fill_n(sc.acc_v.get(), cols * w.dvp, 0.0f);
+  const std::uint16_t* q_rows[kBq];
+  const std::uint16_t* do_rows[kBq];
+  for (std::size_t i = block.refs_begin; i < block.refs_end; ++i) {
+    const QTileRef ref = w.q_refs[i];
+    const index_t h = ref.head, q0 = index_t{ref.q_block} * kBq, n = std::min(kBq, seq.q_len - q0);
+    const index_t n_p = Kernel::padded_rows(n), q_pairs = (n + 1) / 2;
+    const auto q_row = [&](index_t r) { return p.q_row(seq, q0 + r, h); };
+    const auto do_row = [&](index_t r) { return c.bp.dout.row(b, q0 + r, h); };
+    for (index_t r = 0; r < n; ++r) {
+      q_rows[r] = reinterpret_cast<const std::uint16_t*>(q_row(r));
+      do_rows[r] = reinterpret_cast<const std::uint16_t*>(do_row(r));
+    }
+    const ScoreTile t = key_visit_tile(c, sc, b, h, q0, n, seq, kv0, cols, cols_p);
+    Pairs::template scores<kHw>(kt2, cols_p, p.dk, q_rows, n, c.scale, t.scores);  // S[q][key], scaled
+    transform_and_mask(c, t, ref, q0, sc);
+    Pairs::template scores<kHw>(vt2, cols_p, p.dv, do_rows, n, 1.0f, sc.dp.get());  // dP[q][key]
+    Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, cols_p, sc.lse.get(), sc.delta.get());
+    apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
+    Pairs::pack_transposed_pairs(sc.dp.get(), n_p, cols, sc.ds_t.get());  // dS^T -> [key/2][q], before dS is packed
+    Pairs::pack_p(t.scores, n, cols_p);                                   // P   -> [q/2][key]
+    Pairs::pack_p(sc.dp.get(), n, cols_p);                                // dS  -> [q/2][key]
+    Pairs::pack_v(do_row, 1, n, p.dv, w.dvp, sc.do_rows.get());
+    Pairs::pack_v(q_row, 1, n, p.dk, w.dkp, sc.q_rows.get());
+    const auto accumulate = [&](const float* weights, index_t rows, index_t pairs, const float* values, index_t width,
+                                float* acc) {
+      if (c.finite) {
+        Pairs::template accumulate_pv_finite<kHw>(weights, rows, pairs, values, width, sc.ones.get(), acc);
+      } else {
+        Pairs::template accumulate_pv<kHw>(weights, rows, pairs, values, width, sc.ones.get(), acc);
+      }
+    };
+    accumulate(t.scores, cols, q_pairs, sc.do_rows.get(), w.dvp, sc.acc_v.get());
+    accumulate(sc.dp.get(), cols, q_pairs, sc.q_rows.get(), w.dkp, sc.acc_k.get());
+    accumulate(sc.ds_t.get(), n, key_pairs, k_pairs, w.dkp, dq_rows(c, task, b, h, seq.q_len, q0, n, ref.q_block));
+  }
+  store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, p.dk, w.dkp, c.scale);
+  store_rows(c.bp.dv, b, kv0, task.kv_head, sc.acc_v.get(), cols, p.dv, w.dvp, 1.0f);
+}
+
 // One kv-tile of a key task: dK and dV of its keys, and its share of dQ for
 // every q-tile that sees it, added into copy `copy`.
 template <class Kernel, class T, class V>
@@ -586,7 +675,18 @@ void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock&
     return;
   }
   if constexpr (std::is_same_v<T, bfloat16>) {
-    if (c.on_amx) return amx_key_block(c, task, block, sc);
+    switch (c.arithmetic) {
+      case Bf16Tiles::amx:
+        return amx_key_block(c, task, block, sc);
+      case Bf16Tiles::pairs:
+        if constexpr (Bf16DotTask<Kernel>::kHardwarePairs) return pair_key_block<true>(c, task, block, sc);
+        break;  // not chosen where the instruction is not compiled in
+      case Bf16Tiles::emulated_pairs:
+        if constexpr (Bf16DotTask<Kernel>::kPairs) return pair_key_block<false>(c, task, block, sc);
+        break;
+      case Bf16Tiles::widen:
+        break;
+    }
   }
   const RowsView k = rows_of<Kernel, const T>([&](index_t j) { return p.k_row(seq, kv0 + j, task.kv_head); }, cols,
                                               p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, sc.k_rows.get());
@@ -613,7 +713,7 @@ void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock&
     Kernel::accumulate_pv(t.scores, cols, n, d_o.rows, d_o.stride, w.dvp, sc.ones.get(), sc.acc_v.get());
     Kernel::accumulate_pv(sc.dp.get(), cols, n, q.rows, q.stride, w.dkp, sc.ones.get(), sc.acc_k.get());
     float* dq = dq_rows(c, task, b, h, seq.q_len, q0, n, ref.q_block);
-    transpose_tile<kBq>(sc.dp.get(), n, cols, sc.ds_t.get());
+    Kernel::transpose_tile(sc.dp.get(), n, cols, sc.ds_t.get());
     Kernel::accumulate_pv(sc.ds_t.get(), n, cols, k.rows, k.stride, w.dkp, sc.ones.get(), dq);
   }
   store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, p.dk, w.dkp, c.scale);
@@ -708,16 +808,25 @@ inline bool inputs_finite(const BackwardProblem<bfloat16>& bp) {
   return true;
 }
 
-// Whether this call's key pass runs on AMX tiles (amx_key_block, conditions above it).
+// The arithmetic of this call's key pass: the backend's choice for bf16
+// (backward_tiles) where the call meets its conditions (amx_key_block's and
+// pair_key_block's, above them), else the vector path on fp32 rows.
 template <class Kernel, class T>
-bool backward_on_amx(const BackwardProblem<T>& bp, const TiledBackwardWork& w) {
-  if constexpr (!std::is_same_v<T, bfloat16> || Kernel::kBlockQ % 32 != 0 || Kernel::kBlockKv % 32 != 0) {
-    return false;
+Bf16Tiles backward_tiles_for(const BackwardProblem<T>& bp, const TiledBackwardWork& w) {
+  if constexpr (!std::is_same_v<T, bfloat16>) {
+    return Bf16Tiles::widen;
   } else {
     const AttentionProblem<T>& p = bp.fwd;
-    if (p.dk % 32 != 0 || p.dv % 32 != 0 || w.dkp != p.dk || w.dvp != p.dv) return false;
-    if (p.q_strides.dim != 1 || p.k_strides.dim != 1 || p.v_strides.dim != 1 || bp.dout.strides.dim != 1) return false;
-    return Bf16DotTask<Kernel>::backward_on_amx() && inputs_finite(bp);
+    const Bf16Tiles chosen = Bf16DotTask<Kernel>::backward_tiles();
+    if (chosen == Bf16Tiles::widen) return chosen;
+    if (p.q_strides.dim != 1 || p.k_strides.dim != 1 || p.v_strides.dim != 1 || bp.dout.strides.dim != 1) {
+      return Bf16Tiles::widen;
+    }
+    if (chosen == Bf16Tiles::amx && (Kernel::kBlockQ % 32 != 0 || Kernel::kBlockKv % 32 != 0 || p.dk % 32 != 0 ||
+                                     p.dv % 32 != 0 || w.dkp != p.dk || w.dvp != p.dv)) {
+      return Bf16Tiles::widen;
+    }
+    return chosen == Bf16Tiles::amx && !inputs_finite(bp) ? Bf16Tiles::widen : chosen;
   }
 }
 
@@ -733,7 +842,12 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
   const int workers = std::max(1, exec.workers());
   std::vector<BackwardScratch<Kernel>> scratch;
   scratch.reserve(static_cast<std::size_t>(workers));
-  const bool on_amx = backward_on_amx<Kernel>(bp, w);
+  const Bf16Tiles arithmetic = backward_tiles_for<Kernel>(bp, w);
+  bool finite = arithmetic == Bf16Tiles::amx;  // AMX runs finite calls only
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (arithmetic == Bf16Tiles::pairs || arithmetic == Bf16Tiles::emulated_pairs) finite = inputs_finite(bp);
+  }
+  const bool on_amx = arithmetic == Bf16Tiles::amx;
   for (int i = 0; i < workers; ++i) {
     scratch.emplace_back(p.dk, w.dkp, p.dv, w.dvp);
     if (on_amx)
@@ -743,10 +857,13 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
   backward_rows(bp, w, variant, delta, exec);
 
   DqCopies dq(w);
-  const BackwardCall<T, V> call{bp, w, bm, variant, delta, dq, variant_scale(variant, p.dk), on_amx};
+  const BackwardCall<T, V> call{bp, w, bm, variant, delta, dq, variant_scale(variant, p.dk), arithmetic, finite};
   exec.parallel_for(static_cast<index_t>(w.key_order.size()), [&](index_t i, int worker) {
     const KeyTask& task = w.key_tasks[static_cast<std::size_t>(w.key_order[static_cast<std::size_t>(i)])];
     if (on_amx) bf16_amx_task_count().fetch_add(1, std::memory_order_relaxed);
+    if (arithmetic == Bf16Tiles::pairs || arithmetic == Bf16Tiles::emulated_pairs) {
+      bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
+    }
     for (std::size_t blk = task.blocks_begin; blk < task.blocks_end; ++blk) {
       key_block(call, task, w.key_blocks[blk], scratch[static_cast<std::size_t>(worker)]);
     }

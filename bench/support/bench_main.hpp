@@ -25,6 +25,11 @@ inline int run_benchmarks(int argc, char** argv) {
   benchmark::AddCustomContext("highway_target", m.simd_target);
   benchmark::AddCustomContext("fma_peak_gflops_1t", std::to_string(m.fma_gflops_1t));
   benchmark::AddCustomContext("fma_peak_gflops_all", std::to_string(m.fma_gflops_all));
+  // Absent, not 0, where the binary has no VDPBF16PS: nothing was measured.
+  if (m.bf16_dot_gflops_1t > 0) {
+    benchmark::AddCustomContext("bf16_dot_peak_gflops_1t", std::to_string(m.bf16_dot_gflops_1t));
+    benchmark::AddCustomContext("bf16_dot_peak_gflops_all", std::to_string(m.bf16_dot_gflops_all));
+  }
   benchmark::AddCustomContext("memcpy_gbps_1t", std::to_string(m.memcpy_gbps_1t));
   benchmark::AddCustomContext("memcpy_gbps_all", std::to_string(m.memcpy_gbps_all));
   benchmark::AddCustomContext("read_gbps_1t", std::to_string(m.read_gbps_1t));

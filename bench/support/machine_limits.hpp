@@ -2,6 +2,10 @@
 // throughput figure can be read as a fraction of what this machine can do:
 //   - fp32 FMA peak: independent MulAdd chains on the Highway target this
 //     binary was compiled for (its vector width is the kernels' width too);
+//   - bf16 dot-product peak, where the binary is compiled for AVX512_BF16:
+//     independent VDPBF16PS chains, the instruction of the bf16 pair-dot
+//     kernels (64 FLOP per instruction to an fp32 FMA's 32), so bf16 rows can
+//     be read against what their instruction allows;
 //   - memcpy bandwidth: bytes read + bytes written per second on buffers far
 //     larger than the last-level cache;
 //   - streaming read bandwidth: bytes read per second (what decode is bound by).
@@ -20,6 +24,9 @@
 #include <vector>
 
 #include <hwy/highway.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 #if defined(__linux__)
 #include <sched.h>
 #endif
@@ -31,6 +38,10 @@ struct MachineLimits {
   int threads = 1;
   double fma_gflops_1t = 0;   // fp32, one thread
   double fma_gflops_all = 0;  // fp32, all threads
+  // bf16 pairs into fp32 (VDPBF16PS), 2 FLOP per bf16 MAC; 0 where the binary
+  // is not compiled for AVX512_BF16 (its kernels cannot use the instruction).
+  double bf16_dot_gflops_1t = 0;
+  double bf16_dot_gflops_all = 0;
   double memcpy_gbps_1t = 0;  // (read + write) bytes / s
   double memcpy_gbps_all = 0;
   double read_gbps_1t = 0;  // read bytes / s
@@ -82,6 +93,37 @@ HWY_NOINLINE inline double fma_gflops_one_thread(double seconds) {
   (void)sink;
   return 2.0 * kChains * static_cast<double>(hn::Lanes(d)) * static_cast<double>(iterations) / elapsed * 1e-9;
 }
+
+#if defined(__AVX512BF16__)
+// The fp32 loop's method with VDPBF16PS. 16 chains, each from a different
+// value, keep the loop throughput-bound on a core with two pipes for it and a
+// latency of up to 8 cycles. Each step adds (1 - 2^-8) * 2^-20 twice to every
+// lane: the accumulators neither overflow nor go denormal.
+HWY_NOINLINE inline double bf16_dot_gflops_one_thread(double seconds) {
+  constexpr int kChains = 16;
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.1f + 0.01f * static_cast<float>(c));
+  const auto x = (__m512bh)_mm512_set1_epi32(0x3F7F3F7F), y = (__m512bh)_mm512_set1_epi32(0x35803580);
+  constexpr long kInner = 1 << 16;
+  long iterations = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    for (long i = 0; i < kInner; ++i) {
+      HWY_UNROLL(16)
+      for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], x, y);
+    }
+    iterations += kInner;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (elapsed < seconds);
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  volatile float sink = _mm512_reduce_add_ps(sum);
+  (void)sink;
+  // 32 bf16 MACs per instruction, 2 FLOP each.
+  return 64.0 * kChains * static_cast<double>(iterations) / elapsed * 1e-9;
+}
+#endif
 
 HWY_NOINLINE inline double read_gbps_one_thread(const float* data, std::size_t n, double seconds) {
   const hn::ScalableTag<float> d;
@@ -150,13 +192,18 @@ inline int usable_cpus() {
 
 }  // namespace detail
 
-// Measures all limits; takes about 2 s.
+// Measures all limits; takes about 2.5 s.
 inline MachineLimits measure_machine_limits() {
   MachineLimits m;
   m.simd_target = hwy::TargetName(HWY_STATIC_TARGET);
   m.threads = detail::usable_cpus();
   m.fma_gflops_1t = detail::fma_gflops_one_thread(0.3);
   m.fma_gflops_all = detail::run_on_threads(m.threads, [](int) { return detail::fma_gflops_one_thread(0.3); });
+#if defined(__AVX512BF16__)
+  m.bf16_dot_gflops_1t = detail::bf16_dot_gflops_one_thread(0.3);
+  m.bf16_dot_gflops_all =
+      detail::run_on_threads(m.threads, [](int) { return detail::bf16_dot_gflops_one_thread(0.3); });
+#endif
 
   constexpr std::size_t kBytes = std::size_t{256} << 20;  // per thread; far beyond any LLC share
   std::vector<std::vector<char>> src(static_cast<std::size_t>(m.threads)), dst(src.size());
@@ -195,11 +242,16 @@ inline double read_gbps_now(int threads, double seconds) {
 inline void print_machine_limits(const MachineLimits& m) {
   std::fprintf(stderr,
                "machine limits (Highway target %s, %d threads):\n"
-               "  fp32 FMA peak   %8.1f GFLOP/s (1 thread)  %8.1f GFLOP/s (%d threads)\n"
+               "  fp32 FMA peak   %8.1f GFLOP/s (1 thread)  %8.1f GFLOP/s (%d threads)\n",
+               m.simd_target, m.threads, m.fma_gflops_1t, m.fma_gflops_all, m.threads);
+  if (m.bf16_dot_gflops_1t > 0) {
+    std::fprintf(stderr, "  bf16 dot peak   %8.1f GFLOP/s (1 thread)  %8.1f GFLOP/s (%d threads)\n",
+                 m.bf16_dot_gflops_1t, m.bf16_dot_gflops_all, m.threads);
+  }
+  std::fprintf(stderr,
                "  memcpy (r+w)    %8.1f GB/s    (1 thread)  %8.1f GB/s    (%d threads)\n"
                "  streaming read  %8.1f GB/s    (1 thread)  %8.1f GB/s    (%d threads)\n",
-               m.simd_target, m.threads, m.fma_gflops_1t, m.fma_gflops_all, m.threads, m.memcpy_gbps_1t,
-               m.memcpy_gbps_all, m.threads, m.read_gbps_1t, m.read_gbps_all, m.threads);
+               m.memcpy_gbps_1t, m.memcpy_gbps_all, m.threads, m.read_gbps_1t, m.read_gbps_all, m.threads);
 }
 
 }  // namespace seqattn::bench

@@ -305,15 +305,18 @@ struct DqCopies {
   AlignedFloats rows;
   std::vector<std::uint8_t> touched;
   index_t copy_rows = 0, dkp = 0, slots = 0;
+  AlignedFloats sums;  // one row per worker: the dQ pass's sum of the copies
 
-  explicit DqCopies(const TiledBackwardWork& w)
+  DqCopies(const TiledBackwardWork& w, int workers)
       : rows(w.dq_copies * w.total_rows * w.dkp, AlignedFloats::Uninitialized{}),
         touched(static_cast<std::size_t>(w.dq_copies * w.q_block_slots), 0),
         copy_rows(w.total_rows),
         dkp(w.dkp),
-        slots(w.q_block_slots) {}
+        slots(w.q_block_slots),
+        sums(workers * w.dkp) {}
 
   float* at(index_t copy, index_t row) const { return rows.get() + (copy * copy_rows + row) * dkp; }
+  float* row_sum(int worker) const { return sums.get() + worker * dkp; }
   std::uint8_t& flag(index_t copy, index_t slot) { return touched[static_cast<std::size_t>(copy * slots + slot)]; }
 };
 
@@ -723,7 +726,7 @@ void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock&
 // dQ of one q-tile of one head: scale times the sum of the copies that hold
 // a share of it, in the order of the copies (0 where none does).
 template <class T, class V>
-void query_task(const BackwardCall<T, V>& c, const QueryTask& task, index_t block_q) {
+void query_task(const BackwardCall<T, V>& c, const QueryTask& task, index_t block_q, int worker) {
   const AttentionProblem<T>& p = c.bp.fwd;
   const TiledBackwardWork& w = c.w;
   const SequenceGeometry& seq = p.sequence(task.sequence);
@@ -735,14 +738,37 @@ void query_task(const BackwardCall<T, V>& c, const QueryTask& task, index_t bloc
   for (index_t copy = 0; copy < w.dq_copies; ++copy) {
     if (c.dq.flag(copy, slot)) shares[touched++] = c.dq.at(copy, row);
   }
+  float* sum = c.dq.row_sum(worker);
   for (index_t r = 0; r < n; ++r) {
+    // Copy by copy over the row, the copies' order: each element's sum is the one fixed order.
+    std::fill_n(sum, p.dk, 0.0f);
+    for (index_t i = 0; i < touched; ++i) {
+      const float* share = shares[i] + r * w.dkp;
+      for (index_t e = 0; e < p.dk; ++e) sum[e] += share[e];
+    }
     T* out = c.bp.dq.row(b, q0 + r, h);
-    for (index_t e = 0; e < p.dk; ++e) {
-      float sum = 0.0f;
-      for (index_t i = 0; i < touched; ++i) sum += shares[i][r * w.dkp + e];
-      out[e * c.bp.dq.strides.dim] = from_float<T>(sum * c.scale);
+    const index_t stride = c.bp.dq.strides.dim;
+    for (index_t e = 0; e < p.dk; ++e) out[e * stride] = from_float<T>(sum[e] * c.scale);
+  }
+}
+
+// sum_e a[e] b[e]: 16 partial sums added in a fixed order, so the compiler
+// can keep them in vectors (a single running sum is a chain it may not
+// reorder).
+template <class T>
+float row_dot(const T* a, index_t a_stride, const T* b, index_t b_stride, index_t n) {
+  constexpr index_t kParts = 16;
+  float part[kParts] = {};
+  index_t e = 0;
+  if (a_stride == 1 && b_stride == 1) {
+    for (; e + kParts <= n; e += kParts) {
+      for (index_t i = 0; i < kParts; ++i) part[i] += to_float(a[e + i]) * to_float(b[e + i]);
     }
   }
+  for (; e < n; ++e) part[e % kParts] += to_float(a[e * a_stride]) * to_float(b[e * b_stride]);
+  float dot = 0.0f;
+  for (const float x : part) dot += x;
+  return dot;
 }
 
 // D of every row and the sinks' gradient, -sum_rows P(sink) D, per head.
@@ -756,11 +782,8 @@ void backward_rows(const BackwardProblem<T>& bp, const TiledBackwardWork& w, con
     const index_t b = task / p.heads, h = task % p.heads;
     const SequenceGeometry& seq = p.sequence(b);
     for (index_t i = 0; i < seq.q_len; ++i) {
-      const T* o = p.out_row(seq, i, h);
-      const T* d_o = bp.dout.row(b, i, h);
-      float dot = 0.0f;
-      for (index_t e = 0; e < p.dv; ++e)
-        dot += to_float(o[e * p.out_strides.dim]) * to_float(d_o[e * bp.dout.strides.dim]);
+      const float dot =
+          row_dot(p.out_row(seq, i, h), p.out_strides.dim, bp.dout.row(b, i, h), bp.dout.strides.dim, p.dv);
       delta[static_cast<std::size_t>(w.row_base[static_cast<std::size_t>(b)] + h * seq.q_len + i)] = dot;
       if constexpr (HasSinkHook<V>) {
         if (sinks) {
@@ -779,10 +802,9 @@ void backward_rows(const BackwardProblem<T>& bp, const TiledBackwardWork& w, con
 
 // Whether every element of q, k, v and dO is finite (bf16 bits: exponent not all ones).
 inline bool all_finite(const bfloat16* row, index_t n, index_t stride) {
-  for (index_t e = 0; e < n; ++e) {
-    if ((amx_pack::bits(row + e * stride) & 0x7F80u) == 0x7F80u) return false;
-  }
-  return true;
+  unsigned bad = 0;  // no early exit: the loop over a row vectorizes
+  for (index_t e = 0; e < n; ++e) bad |= (amx_pack::bits(row + e * stride) & 0x7F80u) == 0x7F80u;
+  return bad == 0;
 }
 inline bool inputs_finite(const BackwardProblem<bfloat16>& bp) {
   const AttentionProblem<bfloat16>& p = bp.fwd;
@@ -856,7 +878,7 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
   std::vector<float> delta(static_cast<std::size_t>(w.total_rows));
   backward_rows(bp, w, variant, delta, exec);
 
-  DqCopies dq(w);
+  DqCopies dq(w, workers);
   const BackwardCall<T, V> call{bp, w, bm, variant, delta, dq, variant_scale(variant, p.dk), arithmetic, finite};
   exec.parallel_for(static_cast<index_t>(w.key_order.size()), [&](index_t i, int worker) {
     const KeyTask& task = w.key_tasks[static_cast<std::size_t>(w.key_order[static_cast<std::size_t>(i)])];
@@ -868,8 +890,8 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
       key_block(call, task, w.key_blocks[blk], scratch[static_cast<std::size_t>(worker)]);
     }
   });
-  exec.parallel_for(static_cast<index_t>(w.query_tasks.size()), [&](index_t i, int) {
-    query_task(call, w.query_tasks[static_cast<std::size_t>(i)], Kernel::kBlockQ);
+  exec.parallel_for(static_cast<index_t>(w.query_tasks.size()), [&](index_t i, int worker) {
+    query_task(call, w.query_tasks[static_cast<std::size_t>(i)], Kernel::kBlockQ, worker);
   });
 }
 

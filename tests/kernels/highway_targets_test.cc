@@ -64,7 +64,7 @@ struct FlashKernelEntry {
   void (*accumulate_pv)(const float*, index_t, index_t, const float*, index_t, index_t, const float*, float*) = nullptr;
   void (*softmax_backward_lanes)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
   void (*softmax_backward_columns)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
-  void (*transpose_tile)(const float*, index_t, index_t, float*) = nullptr;
+  void (*transpose_rows)(const float* const*, index_t, index_t, index_t, float, float*) = nullptr;
   ForwardFn<float> forward_f32 = nullptr;
   // Forward, then backward with the same plan; writes dq, dk, dv.
   void (*backward_f32)(const AttentionInputs<float>&, const BlockMask&, TensorView<const float> dout,
@@ -138,7 +138,7 @@ kernel_tests::FlashKernelEntry FlashKernelOfThisTarget() {
   e.accumulate_pv = &K::accumulate_pv;
   e.softmax_backward_lanes = &K::softmax_backward_lanes;
   e.softmax_backward_columns = &K::softmax_backward_columns;
-  e.transpose_tile = &K::transpose_tile;
+  e.transpose_rows = &K::transpose_rows;
   e.forward_f32 = &ForwardOnThisTarget<float>;
   e.backward_f32 = &BackwardOnThisTarget;
   e.forward_bf16 = &ForwardOnThisTarget<bfloat16>;
@@ -436,30 +436,44 @@ TEST_CASE("FlashKernel to_f32 matches ScalarKernel on every Highway target", "[k
   require_every_target_ran(ran);
 }
 
-// Bit for bit (NaN payloads, signed zeros): whole 16 x 16 blocks and edges of
-// every size; what lies outside the transposed rectangle stays untouched.
-TEST_CASE("FlashKernel transpose_tile transposes on every Highway target", "[kernels][backward]") {
+// Rows anywhere (their own pointers, as a task's stacked heads), whole 16 x 16
+// blocks and edges of every size, scale 1 (bit for bit: NaN payloads, signed
+// zeros) and 0.125 (exact in fp32); padded lanes zero; beyond them only
+// whole 16-lane padding may be written, and nothing past `width` dst rows.
+TEST_CASE("FlashKernel transpose_rows transposes on every Highway target", "[kernels][backward]") {
   std::int64_t ran = 0;
   std::mt19937 rng(151);
   std::uniform_int_distribution<std::uint32_t> word;
-  for (const index_t rows : {1, 7, 8, 15, 16, 17, 33, 64, 100, 128}) {
-    for (const index_t cols : {1, 5, 16, 31, 32, 47, 64}) {
-      for_each_target(ran, [&](const FlashKernelEntry& k) {
-        if (rows > k.block_q || cols > k.block_q) return;
-        INFO("rows " << rows << ", cols " << cols);
-        const index_t bq = k.block_q;
-        Buffer s(bq * bq, 0.0f), got(bq * bq, kSentinel);
-        for (index_t i = 0; i < bq * bq; ++i) s[i] = std::bit_cast<float>(word(rng));
-        k.transpose_tile(s.data(), rows, cols, got.data());
-        Report rep;
-        for (index_t j = 0; j < bq; ++j) {
-          for (index_t r = 0; r < bq; ++r) {
-            const float want = j < cols && r < rows ? s[r * bq + j] : kSentinel;
-            rep.expect_bits(got[j * bq + r], want, at("dst", j * bq + r));
+  for (const index_t n : {1, 7, 8, 15, 16, 17, 33, 64, 100, 128}) {
+    for (const index_t width : {1, 5, 16, 31, 32, 47, 64, 72, 128}) {
+      for (const float scale : {1.0f, 0.125f}) {
+        for_each_target(ran, [&](const FlashKernelEntry& k) {
+          if (n > k.block_q) return;
+          INFO("n " << n << ", width " << width << ", scale " << scale);
+          const index_t bq = k.block_q, n_p = k.padded_rows(n), stride = width + 3;
+          Buffer src(n * stride + 16, 0.0f), got((width + 1) * bq, kSentinel);
+          for (index_t i = 0; i < src.size(); ++i) src[i] = std::bit_cast<float>(word(rng));
+          std::vector<const float*> rows;
+          for (index_t r = 0; r < n; ++r) rows.push_back(src.data() + (n - 1 - r) * stride);  // any order
+          k.transpose_rows(rows.data(), n, n_p, width, scale, got.data());
+          Report rep;
+          for (index_t d = 0; d <= width; ++d) {
+            for (index_t r = 0; r < bq; ++r) {
+              const float g = got[d * bq + r];
+              if (d < width && r < n) {
+                rep.expect_bits(g, rows[static_cast<std::size_t>(r)][d] * scale, at("dst", d * bq + r));
+              } else if (d < width && r < n_p) {
+                rep.expect_bits(g, 0.0f, at("padding", d * bq + r));
+              } else if (d < width && r < (n_p + 15) / 16 * 16) {
+                rep.expect_bits(g, bits_of(g) == 0u ? 0.0f : kSentinel, at("past padding", d * bq + r));
+              } else {
+                rep.expect_bits(g, kSentinel, at("untouched", d * bq + r));
+              }
+            }
           }
-        }
-        check_report(rep);
-      });
+          check_report(rep);
+        });
+      }
     }
   }
   require_every_target_ran(ran);

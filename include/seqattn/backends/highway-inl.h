@@ -545,28 +545,38 @@ struct FlashKernel {
     }
   }
 
-  // ---- dst[j * kBlockQ + r] = s[r * kBlockQ + j], r < rows, j < cols ---------
-  // The backward's dS^T (queries on the lanes) for dQ += dS K. AVX3: whole
-  // 16 x 16 blocks through Transpose16 (64 shuffles and 16 loads and stores
-  // per block, against 256 scalar loads and stores), the edges element by
-  // element; other targets element by element.
-  static void transpose_tile(const float* HWY_RESTRICT s, index_t rows, index_t cols, float* HWY_RESTRICT dst) {
-    index_t r_full = 0, c_full = 0;
+  // ---- dst[d * kBlockQ + r] = rows[r][d] * scale, r < n, d < width ----------
+  // Lanes [n, n_p) of those dst rows are zero (n_p: the padded row count).
+  // Q into Qt once per forward task, K and V into Kt and Vt once per kv-tile
+  // of the backward's key pass, and dS into dS^T (queries on the lanes) once
+  // per visit. AVX3: 16 x 16 blocks through Transpose16 (16 masked loads, 64
+  // shuffles and up to 16 stores per block, against 256 scalar loads and
+  // strided stores), which may also zero lanes [n_p, n_p rounded up to 16):
+  // padding, which no kernel reads; other targets element by element.
+  static void transpose_rows(const float* const* HWY_RESTRICT rows, index_t n, index_t n_p, index_t width, float scale,
+                             float* HWY_RESTRICT dst) {
 #if HWY_TARGET <= HWY_AVX3
-    static_assert(kLanes == 16);
-    r_full = rows / 16 * 16;
-    c_full = cols / 16 * 16;
-    for (index_t r0 = 0; r0 < r_full; r0 += 16) {
-      for (index_t c0 = 0; c0 < c_full; c0 += 16) {
+    static_assert(kLanes == 16 && kBlockQ % 16 == 0);
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (index_t r0 = 0; r0 < n_p; r0 += 16) {
+      for (index_t d0 = 0; d0 < width; d0 += 16) {
+        const index_t cols = std::min<index_t>(16, width - d0);
+        const __mmask16 m = static_cast<__mmask16>((1u << cols) - 1u);
         __m512i r[16];
-        for (int q = 0; q < 16; ++q) r[q] = _mm512_loadu_si512(s + (r0 + q) * kBlockQ + c0);
-        Transpose16(r, reinterpret_cast<std::uint32_t*>(dst) + c0 * kBlockQ + r0, kBlockQ, 16);
+        for (int q = 0; q < 16; ++q) {
+          r[q] = r0 + q < n ? _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, rows[r0 + q] + d0), vscale))
+                            : _mm512_setzero_si512();
+        }
+        Transpose16(r, reinterpret_cast<std::uint32_t*>(dst) + d0 * kBlockQ + r0, kBlockQ, cols);
       }
     }
-#endif
-    for (index_t r = 0; r < rows; ++r) {
-      for (index_t j = r < r_full ? c_full : 0; j < cols; ++j) dst[j * kBlockQ + r] = s[r * kBlockQ + j];
+#else
+    for (index_t d = 0; d < width; ++d) {
+      float* out = dst + d * kBlockQ;
+      for (index_t r = 0; r < n; ++r) out[r] = rows[r][d] * scale;
+      std::fill(out + n, out + n_p, 0.0f);
     }
+#endif
   }
 
 #if HWY_TARGET <= HWY_AVX3

@@ -137,11 +137,12 @@ struct ScalarKernel {
     }
   }
 
-  // dst[j][r] = s[r][j] for r < rows, j < cols (both kBlockQ floats per row):
-  // the backward's dS^T, queries on the lanes.
-  static void transpose_tile(const float* s, index_t rows, index_t cols, float* dst) {
-    for (index_t r = 0; r < rows; ++r) {
-      for (index_t j = 0; j < cols; ++j) dst[j * kBlockQ + r] = s[r * kBlockQ + j];
+  // dst[d][r] = rows[r][d] * scale for r < n, d < width (kBlockQ floats per
+  // dst row), lanes [n, n_p) zero: Q into Qt, and the backward's Kt, Vt, dS^T.
+  static void transpose_rows(const float* const* rows, index_t n, index_t n_p, index_t width, float scale, float* dst) {
+    for (index_t d = 0; d < width; ++d) {
+      for (index_t r = 0; r < n; ++r) dst[d * kBlockQ + r] = rows[r][d] * scale;
+      for (index_t r = n; r < n_p; ++r) dst[d * kBlockQ + r] = 0.0f;
     }
   }
 };

@@ -12,7 +12,7 @@
 //   accumulate_pv(pt, rows, cols, v, v_stride, dvp, alpha, o)  O = alpha * O + P V
 //   softmax_backward_lanes(s, dp, cols, rows_p, lse, delta)    P = exp(S - lse[r]), dS = P (dP - delta[r])
 //   softmax_backward_columns(s, dp, cols, rows_p, lse, delta)  the same with lse[j], delta[j]
-//   transpose_tile(s, rows, cols, dst)               dst[j][r] = s[r][j], r < rows, j < cols
+//   transpose_rows(rows, n, n_p, width, scale, dst)  dst[d][r] = rows[r][d] * scale, lanes [n, n_p) zero
 //
 // St and Qt have a row stride of kBlockQ; O has dvp floats per row.
 #pragma once
@@ -40,7 +40,7 @@ concept TileKernel = requires(index_t n, const float* cf, float* f, const bfloat
   K::accumulate_pv(cf, n, n, cf, n, n, cf, f);
   K::softmax_backward_lanes(f, f, n, n, cf, cf);
   K::softmax_backward_columns(f, f, n, n, cf, cf);
-  K::transpose_tile(cf, n, n, f);
+  K::transpose_rows(&cf, n, n, n, 1.0f, f);
 };
 
 }  // namespace seqattn

@@ -330,14 +330,12 @@ RowsView rows_of(Row row, index_t n, index_t token_stride, index_t dim_stride, i
                                buf);
 }
 
-// dst[d * kBq + i] = rows[i][d] * scale for i < n; lanes [n, n_p) are zero.
-template <index_t kBq>
+// Kernel::transpose_rows of n rows of `rows` (evenly strided).
+template <class Kernel>
 void transpose_rows(RowsView rows, index_t n, index_t n_p, index_t width, float scale, float* dst) {
-  for (index_t d = 0; d < width; ++d) {
-    float* out = dst + d * kBq;
-    for (index_t i = 0; i < n; ++i) out[i] = rows.rows[i * rows.stride + d] * scale;
-    std::fill(out + n, out + n_p, 0.0f);
-  }
+  const float* row[Kernel::kBlockQ] = {};
+  for (index_t i = 0; i < n; ++i) row[i] = rows.rows + i * rows.stride;
+  Kernel::transpose_rows(row, n, n_p, width, scale, dst);
 }
 
 // LSE (+inf where the row saw nothing: its P is 0) and D of q rows [q0, q0+n)
@@ -695,8 +693,8 @@ void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock&
                                               p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, sc.k_rows.get());
   const RowsView v = rows_of<Kernel, const T>([&](index_t j) { return p.v_row(seq, kv0 + j, task.kv_head); }, cols,
                                               p.v_strides.token, p.v_strides.dim, p.dv, p.dv, sc.v_rows.get());
-  transpose_rows<kBq>(k, cols, cols_p, p.dk, c.scale, sc.kt.get());
-  transpose_rows<kBq>(v, cols, cols_p, p.dv, 1.0f, sc.vt.get());
+  transpose_rows<Kernel>(k, cols, cols_p, p.dk, c.scale, sc.kt.get());
+  transpose_rows<Kernel>(v, cols, cols_p, p.dv, 1.0f, sc.vt.get());
   std::fill_n(sc.acc_k.get(), cols * w.dkp, 0.0f);
   std::fill_n(sc.acc_v.get(), cols * w.dvp, 0.0f);
   for (std::size_t i = block.refs_begin; i < block.refs_end; ++i) {
@@ -716,7 +714,7 @@ void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock&
     Kernel::accumulate_pv(t.scores, cols, n, d_o.rows, d_o.stride, w.dvp, sc.ones.get(), sc.acc_v.get());
     Kernel::accumulate_pv(sc.dp.get(), cols, n, q.rows, q.stride, w.dkp, sc.ones.get(), sc.acc_k.get());
     float* dq = dq_rows(c, task, b, h, seq.q_len, q0, n, ref.q_block);
-    Kernel::transpose_tile(sc.dp.get(), n, cols, sc.ds_t.get());
+    transpose_rows<Kernel>({sc.dp.get(), kBq}, n, n, cols, 1.0f, sc.ds_t.get());  // dS^T
     Kernel::accumulate_pv(sc.ds_t.get(), n, cols, k.rows, k.stride, w.dkp, sc.ones.get(), dq);
   }
   store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, p.dk, w.dkp, c.scale);

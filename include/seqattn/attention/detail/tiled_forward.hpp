@@ -117,10 +117,20 @@ TaskRows task_rows(const WorkUnit& u, index_t* row_q, index_t* row_head) {
   return t;
 }
 
-// Qt[d][r] = q[row r][d] * scale; padded rows are zero.
-template <index_t kBq, class T>
+// Qt[d][r] = q[row r][d] * scale; padded rows are zero. fp32 rows along a
+// unit dim stride go through Kernel::transpose_rows from where they lie.
+template <class Kernel, class T>
 void load_query_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq, const TaskRows& t, const index_t* row_q,
                      const index_t* row_head, float scale, float* qt) {
+  constexpr index_t kBq = Kernel::kBlockQ;
+  if constexpr (std::is_same_v<T, float>) {
+    if (p.q_strides.dim == 1) {
+      const float* rows[kBq] = {};
+      for (index_t r = 0; r < t.rows; ++r) rows[r] = p.q_row(seq, row_q[r], row_head[r]);
+      Kernel::transpose_rows(rows, t.rows, t.rows_p, p.dk, scale, qt);
+      return;
+    }
+  }
   for (index_t r = 0; r < t.rows_p; ++r) {
     if (r >= t.rows) {
       for (index_t d = 0; d < p.dk; ++d) qt[d * kBq + r] = 0.0f;
@@ -352,7 +362,7 @@ struct WidenedTiles {
   template <class T>
   void load_query(const AttentionProblem<T>& p, const SequenceGeometry& seq, const TaskRows& t, float q_scale,
                   TileScratch<Kernel>& sc) const {
-    load_query_tile<Kernel::kBlockQ>(p, seq, t, sc.row_q.data(), sc.row_head.data(), q_scale, sc.qt.get());
+    load_query_tile<Kernel>(p, seq, t, sc.row_q.data(), sc.row_head.data(), q_scale, sc.qt.get());
   }
   // tile.scores = K Qt for the K/V group whose rows start at row r0.
   template <class T>

@@ -292,7 +292,11 @@ void finalize_row(const AttentionProblem<T>& p, const SequenceGeometry& seq, ind
   }
   scale *= state.normalizer();
   T* dst = p.out_row(seq, q, head);
-  for (index_t e = 0; e < p.dv; ++e) dst[e * p.out_strides.dim] = from_float<T>(o[e] * scale);
+  if (p.out_strides.dim == 1) {  // the usual layout, as a loop the compiler vectorizes
+    for (index_t e = 0; e < p.dv; ++e) dst[e] = from_float<T>(o[e] * scale);
+  } else {
+    for (index_t e = 0; e < p.dv; ++e) dst[e * p.out_strides.dim] = from_float<T>(o[e] * scale);
+  }
   if (float* lse = p.lse_at(seq, q, head)) *lse = state.lse();
 }
 
@@ -343,6 +347,7 @@ struct TiledCall {
   // The plan's transposed tile bits (TiledWork::column_bits): `w` may be a
   // call's refinement of the plan's work, which does not copy them.
   std::span<const std::uint8_t> column_bits;
+  std::span<const RowSpan> row_spans;  // the plan's (TiledWork::row_spans)
   float q_scale = 1.0f;
   bool k_in_place = false;  // fp32 K rows contiguous: usable without staging
   bool v_in_place = false;
@@ -417,17 +422,24 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
         prefetch_kv_rows(p, seq, false, next_kv0, next_cols, kv_head, p.dk);
         prefetch_kv_rows(p, seq, true, next_kv0, next_cols, kv_head, p.dv);
       }
-      const index_t r0 = g * t.group_rows;
-      const ScoreTile tile{
-          sc.st.get() + r0,        kBq,        t.group_rows, t.group_rows_p, cols,      sc.row_q.data() + r0,
-          sc.row_head.data() + r0, u.sequence, kv0,          seq.q_len,      seq.kv_len};
+      // The group's rows, or (one group) the rows the tile's span leaves.
+      index_t r0 = g * t.group_rows, rows = t.group_rows, rows_p = t.group_rows_p;
+      const std::uint8_t* bits = transposed_tile_bits(c.column_bits, c.w.column_tile_bytes, ref.tile_id);
+      if (bits != nullptr && !c.row_spans.empty()) {
+        const RowSpan span = c.row_spans[static_cast<std::size_t>(ref.tile_id)];
+        r0 = span.begin;
+        rows = std::min<index_t>(t.rows, span.end) - r0;
+        rows_p = std::min<index_t>(t.rows_p, span.end) - r0;
+        if (rows <= 0) continue;
+        bits += r0 / 8;
+      }
+      const ScoreTile tile{sc.st.get() + r0,        kBq,        rows, rows_p,    cols,      sc.row_q.data() + r0,
+                           sc.row_head.data() + r0, u.sequence, kv0,  seq.q_len, seq.kv_len};
       tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc);
       transform_scores<Kernel>(c.variant, tile);
-      mask_tile<Kernel>(tile, c.bm, ref.tile_id,
-                        transposed_tile_bits(c.column_bits, c.w.column_tile_bytes, ref.tile_id), kBq / 8,
-                        u.q_block * kBq);
+      mask_tile<Kernel>(tile, c.bm, ref.tile_id, bits, kBq / 8, u.q_block * kBq);
       if (ref.by_segments) mask_segments(tile, *p.segment_ids);
-      Kernel::online_softmax(tile.scores, cols, t.group_rows_p, m + r0, l + r0, sc.alpha.get() + r0);
+      Kernel::online_softmax(tile.scores, cols, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
       tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc);
     }
   }
@@ -487,7 +499,7 @@ void run_tiled_forward(const TiledWork& planned, const BlockMask& bm, const Atte
   scratch.reserve(static_cast<std::size_t>(workers));
   for (int i = 0; i < workers; ++i) scratch.emplace_back(p.dk, w.dvp);
 
-  TiledCall<Kernel, T, V> call{p, w, bm, variant, planned.column_bits, 1.0f, false, false, {}};
+  TiledCall<Kernel, T, V> call{p, w, bm, variant, planned.column_bits, planned.row_spans, 1.0f, false, false, {}};
   call.q_scale = variant_scale(variant, p.dk);
   call.k_in_place = std::is_same_v<T, float> && p.k_strides.dim == 1 && p.k_strides.token == p.dk;
   call.v_in_place = std::is_same_v<T, float> && p.v_strides.dim == 1 && w.dvp == p.dv && p.v_strides.token == p.dv;

@@ -37,6 +37,16 @@ struct TileRef {
   bool by_segments = false;
 };
 
+// Rows [begin, end) of a tile.
+struct RowSpan {
+  std::int32_t begin = 0, end = 0;
+};
+// Row spans start and end on multiples of this many rows (or end at the
+// unit's padded rows): a multiple of every kernel's row alignment (vectors
+// of up to 16 fp32 lanes, AMX's 16-row tiles), so the kernels see whole
+// aligned vectors of Qt and St from the span's first row.
+inline constexpr index_t kRowSpanAlign = 16;
+
 struct WorkUnit {
   index_t sequence = 0;
   index_t head0 = 0;        // first query head
@@ -70,6 +80,12 @@ struct TiledWork {
   // rows with one mask load. Only when rows are one q-tile of one head.
   std::vector<std::uint8_t> column_bits;
   index_t column_tile_bytes = 0;
+  // Beside column_bits, per distinct partial tile: the rows that allow some
+  // key, widened to whole kRowSpanAlign groups. The forward computes only
+  // those rows of the tile: a row the tile hides entirely would leave its
+  // running max, sum and output as they are (alpha 1, P 0). A document or
+  // window edge crossing a q-tile hides a part of its rows from many tiles.
+  std::vector<RowSpan> row_spans;
   index_t dvp = 0;  // the kernel's padded V head dim
 
   index_t num_tasks() const { return static_cast<index_t>(order.size()); }
@@ -155,24 +171,34 @@ inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, inde
   });
 }
 
-// Column-major copies of the distinct partial tiles' bits (see TiledWork).
-inline std::vector<std::uint8_t> transpose_tile_bits(const BlockMask& bm, index_t block_q, index_t block_kv) {
+// Column-major copies of the distinct partial tiles' bits and their row
+// spans (see TiledWork).
+inline void transpose_tile_bits(const BlockMask& bm, index_t block_q, index_t block_kv, TiledWork& w) {
   const index_t distinct = bm.num_distinct_partial_tiles(), wpr = bm.words_per_row();
   const index_t tile_bytes = block_kv * (block_q / 8);
-  std::vector<std::uint8_t> columns(
+  w.column_tile_bytes = tile_bytes;
+  w.column_bits.assign(
       static_cast<std::size_t>(checked_mul(distinct, tile_bytes, "plan_attention: transposed tile bits")), 0);
+  w.row_spans.assign(static_cast<std::size_t>(distinct), RowSpan{});
   for (index_t id = 0; id < distinct; ++id) {
     const auto rows_bits = bm.tile_bits(static_cast<std::int32_t>(id));
-    std::uint8_t* dst = columns.data() + id * tile_bytes;
+    std::uint8_t* dst = w.column_bits.data() + id * tile_bytes;
+    index_t first = block_q, last = -1;
     for (index_t r = 0; r < block_q; ++r) {
       for (index_t c = 0; c < block_kv; ++c) {
         if (test_bit(rows_bits.data() + r * wpr, c)) {
           dst[c * (block_q / 8) + r / 8] |= static_cast<std::uint8_t>(1u << (r % 8));
+          first = std::min(first, r);
+          last = r;
         }
       }
     }
+    RowSpan& span = w.row_spans[static_cast<std::size_t>(id)];
+    if (last >= first) {
+      span.begin = static_cast<std::int32_t>(first / kRowSpanAlign * kRowSpanAlign);
+      span.end = static_cast<std::int32_t>(std::min(block_q, (last / kRowSpanAlign + 1) * kRowSpanAlign));
+    }
   }
-  return columns;
 }
 
 template <class Kernel>
@@ -183,9 +209,9 @@ TiledWork plan_tiled_work(const AttentionShape& shape, const BlockMask& bm, cons
   collect_units<Kernel>(shape, bm, w);
   w.splits = choose_kv_splits(w.units, options.kv_splits, workers);
   w.order = order_tasks(w.units, w.splits);
+  static_assert(kBq % kRowSpanAlign == 0);
   if (!w.stack_heads && bm.has_tile_bits() && kBq % 8 == 0 && bm.num_distinct_partial_tiles() > 0) {
-    w.column_tile_bytes = kBkv * (kBq / 8);
-    w.column_bits = transpose_tile_bits(bm, kBq, kBkv);
+    transpose_tile_bits(bm, kBq, kBkv, w);
   }
   return w;
 }

@@ -347,7 +347,7 @@ struct TiledCall {
   // The plan's transposed tile bits (TiledWork::column_bits): `w` may be a
   // call's refinement of the plan's work, which does not copy them.
   std::span<const std::uint8_t> column_bits;
-  std::span<const RowSpan> row_spans;  // the plan's (TiledWork::row_spans)
+  std::span<const TileSpan> spans;  // the plan's (TiledWork::spans)
   float q_scale = 1.0f;
   bool k_in_place = false;  // fp32 K rows contiguous: usable without staging
   bool v_in_place = false;
@@ -422,24 +422,26 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
         prefetch_kv_rows(p, seq, false, next_kv0, next_cols, kv_head, p.dk);
         prefetch_kv_rows(p, seq, true, next_kv0, next_cols, kv_head, p.dv);
       }
-      // The group's rows, or (one group) the rows the tile's span leaves.
-      index_t r0 = g * t.group_rows, rows = t.group_rows, rows_p = t.group_rows_p;
+      // The group's rows and the tile's keys, or (one group) the tile's span of them.
+      index_t r0 = g * t.group_rows, rows = t.group_rows, rows_p = t.group_rows_p, key0 = kv0, keys = cols;
       const std::uint8_t* bits = transposed_tile_bits(c.column_bits, c.w.column_tile_bytes, ref.tile_id);
-      if (bits != nullptr && !c.row_spans.empty()) {
-        const RowSpan span = c.row_spans[static_cast<std::size_t>(ref.tile_id)];
-        r0 = span.begin;
-        rows = std::min<index_t>(t.rows, span.end) - r0;
-        rows_p = std::min<index_t>(t.rows_p, span.end) - r0;
-        if (rows <= 0) continue;
-        bits += r0 / 8;
+      if (bits != nullptr && !c.spans.empty()) {
+        const TileSpan span = c.spans[static_cast<std::size_t>(ref.tile_id)];
+        r0 = span.row_begin;
+        rows = std::min<index_t>(t.rows, span.row_end) - r0;
+        rows_p = std::min<index_t>(t.rows_p, span.row_end) - r0;
+        key0 = kv0 + span.col_begin;
+        keys = std::min<index_t>(cols, span.col_end) - span.col_begin;
+        if (rows <= 0 || keys <= 0) continue;
+        bits += span.col_begin * (kBq / 8) + r0 / 8;
       }
-      const ScoreTile tile{sc.st.get() + r0,        kBq,        rows, rows_p,    cols,      sc.row_q.data() + r0,
-                           sc.row_head.data() + r0, u.sequence, kv0,  seq.q_len, seq.kv_len};
+      const ScoreTile tile{sc.st.get() + r0,        kBq,        rows, rows_p,    keys,      sc.row_q.data() + r0,
+                           sc.row_head.data() + r0, u.sequence, key0, seq.q_len, seq.kv_len};
       tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc);
       transform_scores<Kernel>(c.variant, tile);
       mask_tile<Kernel>(tile, c.bm, ref.tile_id, bits, kBq / 8, u.q_block * kBq);
       if (ref.by_segments) mask_segments(tile, *p.segment_ids);
-      Kernel::online_softmax(tile.scores, cols, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
+      Kernel::online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
       tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc);
     }
   }
@@ -499,7 +501,7 @@ void run_tiled_forward(const TiledWork& planned, const BlockMask& bm, const Atte
   scratch.reserve(static_cast<std::size_t>(workers));
   for (int i = 0; i < workers; ++i) scratch.emplace_back(p.dk, w.dvp);
 
-  TiledCall<Kernel, T, V> call{p, w, bm, variant, planned.column_bits, planned.row_spans, 1.0f, false, false, {}};
+  TiledCall<Kernel, T, V> call{p, w, bm, variant, planned.column_bits, planned.spans, 1.0f, false, false, {}};
   call.q_scale = variant_scale(variant, p.dk);
   call.k_in_place = std::is_same_v<T, float> && p.k_strides.dim == 1 && p.k_strides.token == p.dk;
   call.v_in_place = std::is_same_v<T, float> && p.v_strides.dim == 1 && w.dvp == p.dv && p.v_strides.token == p.dv;

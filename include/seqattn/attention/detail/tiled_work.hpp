@@ -37,14 +37,15 @@ struct TileRef {
   bool by_segments = false;
 };
 
-// Rows [begin, end) of a tile.
-struct RowSpan {
-  std::int32_t begin = 0, end = 0;
+// Rows [row_begin, row_end) and keys [col_begin, col_end) of a tile.
+struct TileSpan {
+  std::int32_t row_begin = 0, row_end = 0, col_begin = 0, col_end = 0;
 };
 // Row spans start and end on multiples of this many rows (or end at the
 // unit's padded rows): a multiple of every kernel's row alignment (vectors
 // of up to 16 fp32 lanes, AMX's 16-row tiles), so the kernels see whole
-// aligned vectors of Qt and St from the span's first row.
+// aligned vectors of Qt and St from the span's first row. Key spans are
+// exact: the kernels take any key count.
 inline constexpr index_t kRowSpanAlign = 16;
 
 struct WorkUnit {
@@ -81,11 +82,12 @@ struct TiledWork {
   std::vector<std::uint8_t> column_bits;
   index_t column_tile_bytes = 0;
   // Beside column_bits, per distinct partial tile: the rows that allow some
-  // key, widened to whole kRowSpanAlign groups. The forward computes only
-  // those rows of the tile: a row the tile hides entirely would leave its
-  // running max, sum and output as they are (alpha 1, P 0). A document or
-  // window edge crossing a q-tile hides a part of its rows from many tiles.
-  std::vector<RowSpan> row_spans;
+  // key (widened to whole kRowSpanAlign groups) and the keys some row
+  // allows. The forward computes only that part of the tile: a row the tile
+  // hides entirely would leave its running max, sum and output as they are
+  // (alpha 1, P 0), and a key every row hides adds nothing. A document or
+  // window edge crossing a tile hides a part of its rows or keys.
+  std::vector<TileSpan> spans;
   index_t dvp = 0;  // the kernel's padded V head dim
 
   index_t num_tasks() const { return static_cast<index_t>(order.size()); }
@@ -179,24 +181,28 @@ inline void transpose_tile_bits(const BlockMask& bm, index_t block_q, index_t bl
   w.column_tile_bytes = tile_bytes;
   w.column_bits.assign(
       static_cast<std::size_t>(checked_mul(distinct, tile_bytes, "plan_attention: transposed tile bits")), 0);
-  w.row_spans.assign(static_cast<std::size_t>(distinct), RowSpan{});
+  w.spans.assign(static_cast<std::size_t>(distinct), TileSpan{});
   for (index_t id = 0; id < distinct; ++id) {
     const auto rows_bits = bm.tile_bits(static_cast<std::int32_t>(id));
     std::uint8_t* dst = w.column_bits.data() + id * tile_bytes;
-    index_t first = block_q, last = -1;
+    index_t first = block_q, last = -1, first_key = block_kv, last_key = -1;
     for (index_t r = 0; r < block_q; ++r) {
       for (index_t c = 0; c < block_kv; ++c) {
         if (test_bit(rows_bits.data() + r * wpr, c)) {
           dst[c * (block_q / 8) + r / 8] |= static_cast<std::uint8_t>(1u << (r % 8));
           first = std::min(first, r);
           last = r;
+          first_key = std::min(first_key, c);
+          last_key = std::max(last_key, c);
         }
       }
     }
-    RowSpan& span = w.row_spans[static_cast<std::size_t>(id)];
+    TileSpan& span = w.spans[static_cast<std::size_t>(id)];
     if (last >= first) {
-      span.begin = static_cast<std::int32_t>(first / kRowSpanAlign * kRowSpanAlign);
-      span.end = static_cast<std::int32_t>(std::min(block_q, (last / kRowSpanAlign + 1) * kRowSpanAlign));
+      span.row_begin = static_cast<std::int32_t>(first / kRowSpanAlign * kRowSpanAlign);
+      span.row_end = static_cast<std::int32_t>(std::min(block_q, (last / kRowSpanAlign + 1) * kRowSpanAlign));
+      span.col_begin = static_cast<std::int32_t>(first_key);
+      span.col_end = static_cast<std::int32_t>(last_key + 1);
     }
   }
 }

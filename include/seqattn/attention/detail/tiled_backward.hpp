@@ -20,7 +20,10 @@
 // Every matmul is one of the kernel's two tile operations: Kernel::scores
 // (S = Q Kt, dP = dO Vt, keys on the lanes) and Kernel::accumulate_pv
 // (dV += P^T dO, dK += dS^T Q, dQ += dS K), the last with dS transposed
-// through scratch. Empty tiles are never visited; full tiles get no mask work.
+// (Kernel::transpose_rows). bf16 calls may run the same five products on
+// AMX tiles (amx_key_block) or bf16 pair dot products (pair_key_block), as
+// the backend's probe chose for its forward (Bf16DotTask::backward_tiles).
+// Empty tiles are never visited; full tiles get no mask work.
 #pragma once
 
 #include <algorithm>

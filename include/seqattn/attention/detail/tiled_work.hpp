@@ -173,8 +173,8 @@ inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, inde
   });
 }
 
-// Column-major copies of the distinct partial tiles' bits and their row
-// spans (see TiledWork).
+// Column-major copies of the distinct partial tiles' bits, and each tile's
+// span of rows and keys (see TiledWork).
 inline void transpose_tile_bits(const BlockMask& bm, index_t block_q, index_t block_kv, TiledWork& w) {
   const index_t distinct = bm.num_distinct_partial_tiles(), wpr = bm.words_per_row();
   const index_t tile_bytes = block_kv * (block_q / 8);

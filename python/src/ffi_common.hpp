@@ -4,10 +4,17 @@
 // them (the CUDA handlers bind XLA's stream first and hand the rest here).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <utility>
+#include <vector>
 
+#include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/error.hpp"
+#include "seqattn/core/float16.hpp"
 #include "seqattn/core/tensor.hpp"
 
 #include "xla/ffi/api/ffi.h"
@@ -44,7 +51,75 @@ TensorView<T> output(ffi::Result<ffi::AnyBuffer>& b, int keep, const char* name)
   return TensorView<T>(static_cast<T*>(b->untyped_data()), fold_leading(dims_of(b->dimensions()), keep, name));
 }
 
+// XLA's element type of a storage type.
+template <class T>
+constexpr ffi::DataType kDataType = ffi::DataType::INVALID;
+template <>
+inline constexpr ffi::DataType kDataType<float> = ffi::DataType::F32;
+template <>
+inline constexpr ffi::DataType kDataType<bfloat16> = ffi::DataType::BF16;
+template <>
+inline constexpr ffi::DataType kDataType<float16> = ffi::DataType::F16;
+
+// A handler's body as its result: run(T{}) for the T among Types whose XLA
+// type is `type`; another type gives `unsupported`, an exception its message.
+template <class... Types, class Run>
+ffi::Error by_storage_type(ffi::DataType type, const char* unsupported, Run&& run) {
+  try {
+    const bool ran = ((type == kDataType<Types> ? (run(Types{}), true) : false) || ...);
+    if (!ran) return ffi::Error(ffi::ErrorCode::kInvalidArgument, unsupported);
+    return ffi::Error::Success();
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
+  }
+}
+
 }  // namespace ffi_buffers
+
+// What the plan caches of one module have done: plans made, calls served.
+struct PlanCacheStats {
+  std::int64_t plans = 0;
+  std::int64_t hits = 0;
+};
+
+// Plans by key, the oldest dropped first beyond `kept`. Plans are immutable,
+// so concurrent calls share them. A module's caches share one mutex and one
+// PlanCacheStats (read under that mutex). A new key is planned outside the
+// lock: two threads may both plan it; both plans are right.
+template <class Key, class Plan>
+class PlanCache {
+ public:
+  PlanCache(std::size_t kept, std::mutex& mutex, PlanCacheStats& stats) : kept_(kept), mutex_(mutex), stats_(stats) {}
+
+  template <class Make>
+  std::shared_ptr<const Plan> get(Key key, Make&& make) {
+    {
+      std::lock_guard lock(mutex_);
+      for (const Entry& e : entries_) {
+        if (e.key == key) {
+          ++stats_.hits;
+          return e.plan;
+        }
+      }
+    }
+    std::shared_ptr<const Plan> plan = make();
+    std::lock_guard lock(mutex_);
+    ++stats_.plans;
+    if (entries_.size() == kept_) entries_.erase(entries_.begin());
+    entries_.push_back({std::move(key), plan});
+    return plan;
+  }
+
+ private:
+  struct Entry {
+    Key key;
+    std::shared_ptr<const Plan> plan;
+  };
+  std::size_t kept_;
+  std::mutex& mutex_;
+  PlanCacheStats& stats_;
+  std::vector<Entry> entries_;
+};
 
 namespace ffi_signatures {
 

@@ -45,6 +45,7 @@ using ffi_buffers::dims_of;
 using ffi_buffers::fold_leading;
 using ffi_buffers::input;
 using ffi_buffers::output;
+using ffi_buffers::by_storage_type;
 
 namespace {
 
@@ -101,11 +102,6 @@ struct PlanKey {
   bool operator==(const PlanKey&) const = default;
 };
 
-// What the plan caches below have done: plans made, calls served from them.
-struct PlanCacheStats {
-  std::int64_t plans = 0;
-  std::int64_t hits = 0;
-};
 std::mutex& plan_cache_mutex() {
   static std::mutex m;
   return m;
@@ -115,43 +111,10 @@ PlanCacheStats& plan_cache_stats() {
   return s;
 }
 
-// Plans by key, the oldest dropped first beyond `kept`. A jitted step calls
-// each layer's attention with the same static mask and shape, and with the
-// same segment ids in every layer and in the backward pass: each distinct
-// key is planned once. Plans are immutable, so concurrent calls share them.
-class PlanCache {
- public:
-  explicit PlanCache(std::size_t kept) : kept_(kept) {}
-
-  template <class Make>
-  std::shared_ptr<const EnginePlan> get(PlanKey key, Make&& make) {
-    PlanCacheStats& stats = plan_cache_stats();
-    {
-      std::lock_guard lock(plan_cache_mutex());
-      for (const Entry& e : entries_) {
-        if (e.key == key) {
-          ++stats.hits;
-          return e.plan;
-        }
-      }
-    }
-    // Planned outside the lock: two threads may both plan a new key; both plans are right.
-    auto plan = make();
-    std::lock_guard lock(plan_cache_mutex());
-    ++stats.plans;
-    if (entries_.size() == kept_) entries_.erase(entries_.begin());
-    entries_.push_back({std::move(key), plan});
-    return plan;
-  }
-
- private:
-  struct Entry {
-    PlanKey key;
-    std::shared_ptr<const EnginePlan> plan;
-  };
-  std::size_t kept_;
-  std::vector<Entry> entries_;
-};
+// A jitted step calls each layer's attention with the same static mask and
+// shape, and with the same segment ids in every layer and in the backward
+// pass: each distinct key is planned once.
+using EnginePlanCache = PlanCache<PlanKey, EnginePlan>;
 
 // The plan of one call. Static masks: a few shapes at a time are kept (a
 // model calls attention with a handful). With segment ids: the static plan
@@ -163,8 +126,9 @@ class PlanCache {
 CallPlan call_plan(std::int64_t mask_id, const AttentionShape& shape, bool backward, int threads,
                    ffi::Buffer<ffi::S32> q_ids, ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos,
                    ffi::Buffer<ffi::S32> kv_pos) {
-  static auto* static_plans = new PlanCache(32);  // never destroyed, like the registry
-  static auto* id_plans = new PlanCache(4);
+  // Never destroyed, like the registry.
+  static auto* static_plans = new EnginePlanCache(32, plan_cache_mutex(), plan_cache_stats());
+  static auto* id_plans = new EnginePlanCache(4, plan_cache_mutex(), plan_cache_stats());
   const AnyMask& mask = registered_mask(mask_id);
   auto static_plan = static_plans->get(PlanKey{mask_id, backward, threads, shape, {}},
                                        [&] { return plan_engine(shape, mask, backward, threads); });
@@ -179,6 +143,8 @@ CallPlan call_plan(std::int64_t mask_id, const AttentionShape& shape, bool backw
                          [&] { return plan_engine(shape, document, backward, threads); });
   });
 }
+
+constexpr const char* kDtypeError = "seqattn.jax: q must be float32 or bfloat16";
 
 RunOptions run_options(float scale, float softcap, std::int64_t threads) {
   RunOptions o;
@@ -206,22 +172,10 @@ ffi::Error forward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
                         ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos,
                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse, std::int64_t mask_id,
                         float scale, float softcap, std::int64_t threads) {
-  try {
-    const RunOptions options = run_options(scale, softcap, threads);
-    switch (q.element_type()) {
-      case ffi::DataType::F32:
-        forward_typed<float>(q, k, v, q_ids, kv_ids, q_pos, kv_pos, out, lse, mask_id, options);
-        break;
-      case ffi::DataType::BF16:
-        forward_typed<bfloat16>(q, k, v, q_ids, kv_ids, q_pos, kv_pos, out, lse, mask_id, options);
-        break;
-      default:
-        return ffi::Error(ffi::ErrorCode::kInvalidArgument, "seqattn.jax: q must be float32 or bfloat16");
-    }
-    return ffi::Error::Success();
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
-  }
+  const RunOptions options = run_options(scale, softcap, threads);
+  return by_storage_type<float, bfloat16>(q.element_type(), kDtypeError, [&](auto t) {
+    forward_typed<decltype(t)>(q, k, v, q_ids, kv_ids, q_pos, kv_pos, out, lse, mask_id, options);
+  });
 }
 
 template <class T>
@@ -252,22 +206,10 @@ ffi::Error backward_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, f
                          ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos,
                          ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                          std::int64_t mask_id, float scale, float softcap, std::int64_t threads) {
-  try {
-    const RunOptions options = run_options(scale, softcap, threads);
-    switch (q.element_type()) {
-      case ffi::DataType::F32:
-        backward_typed<float>(q, k, v, out, lse, dout, q_ids, kv_ids, q_pos, kv_pos, dq, dk, dv, mask_id, options);
-        break;
-      case ffi::DataType::BF16:
-        backward_typed<bfloat16>(q, k, v, out, lse, dout, q_ids, kv_ids, q_pos, kv_pos, dq, dk, dv, mask_id, options);
-        break;
-      default:
-        return ffi::Error(ffi::ErrorCode::kInvalidArgument, "seqattn.jax: q must be float32 or bfloat16");
-    }
-    return ffi::Error::Success();
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
-  }
+  const RunOptions options = run_options(scale, softcap, threads);
+  return by_storage_type<float, bfloat16>(q.element_type(), kDtypeError, [&](auto t) {
+    backward_typed<decltype(t)>(q, k, v, out, lse, dout, q_ids, kv_ids, q_pos, kv_pos, dq, dk, dv, mask_id, options);
+  });
 }
 
 }  // namespace

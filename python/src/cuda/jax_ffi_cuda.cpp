@@ -33,6 +33,7 @@ using ffi_buffers::dims_of;
 using ffi_buffers::fold_leading;
 using ffi_buffers::input;
 using ffi_buffers::output;
+using ffi_buffers::by_storage_type;
 
 namespace {
 
@@ -81,41 +82,18 @@ std::mutex& cache_mutex() {
   static std::mutex m;
   return m;
 }
-
-// Plans by key, the oldest dropped first beyond `kept` (as jax_ffi.cpp's PlanCache).
-class PlanCache {
- public:
-  explicit PlanCache(std::size_t kept) : kept_(kept) {}
-
-  template <class Make>
-  std::shared_ptr<const cuda_engine::Plan> get(PlanKey key, Make&& make) {
-    {
-      std::lock_guard lock(cache_mutex());
-      for (const Entry& e : entries_) {
-        if (e.key == key) return e.plan;
-      }
-    }
-    auto plan = make();
-    std::lock_guard lock(cache_mutex());
-    if (entries_.size() == kept_) entries_.erase(entries_.begin());
-    entries_.push_back({std::move(key), plan});
-    return plan;
-  }
-
- private:
-  struct Entry {
-    PlanKey key;
-    std::shared_ptr<const cuda_engine::Plan> plan;
-  };
-  std::size_t kept_;
-  std::vector<Entry> entries_;
-};
+PlanCacheStats& cache_stats() {
+  static PlanCacheStats s;
+  return s;
+}
+using CudaPlanCache = PlanCache<PlanKey, cuda_engine::Plan>;
 
 std::shared_ptr<const cuda_engine::Plan> call_plan(std::int64_t mask_id, const AttentionShape& shape, bool backward,
                                                    int device, HostIds ids) {
-  static auto* static_plans = new PlanCache(32);  // never destroyed: plans hold device memory past exit
-  static auto* id_plans = new PlanCache(4);
-  PlanCache& cache = ids.values[0].empty() ? *static_plans : *id_plans;
+  // Never destroyed: plans hold device memory past exit.
+  static auto* static_plans = new CudaPlanCache(32, cache_mutex(), cache_stats());
+  static auto* id_plans = new CudaPlanCache(4, cache_mutex(), cache_stats());
+  CudaPlanCache& cache = ids.values[0].empty() ? *static_plans : *id_plans;
   // The checks that need no device come before the BlockMask is built.
   cuda_engine::check_plan_request(shape, backward);
   return cache.get(PlanKey{mask_id, backward, device, shape, ids}, [&] {
@@ -153,23 +131,11 @@ ffi::Error forward_impl(void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::A
                         ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos,
                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::F32>> lse, std::int64_t mask_id,
                         float scale, float softcap, std::int64_t /*threads*/) {
-  try {
-    const std::array<ffi::Buffer<ffi::S32>, 4> ids{q_ids, kv_ids, q_pos, kv_pos};
-    const cuda_engine::RunOptions o = run_options(scale, softcap);
-    switch (q.element_type()) {
-      case ffi::DataType::BF16:
-        forward_typed<bfloat16>(stream, q, k, v, ids, out, lse, mask_id, o);
-        break;
-      case ffi::DataType::F16:
-        forward_typed<float16>(stream, q, k, v, ids, out, lse, mask_id, o);
-        break;
-      default:
-        return ffi::Error(ffi::ErrorCode::kInvalidArgument, dtype_error());
-    }
-    return ffi::Error::Success();
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
-  }
+  const std::array<ffi::Buffer<ffi::S32>, 4> ids{q_ids, kv_ids, q_pos, kv_pos};
+  const cuda_engine::RunOptions o = run_options(scale, softcap);
+  return by_storage_type<bfloat16, float16>(q.element_type(), dtype_error(), [&](auto t) {
+    forward_typed<decltype(t)>(stream, q, k, v, ids, out, lse, mask_id, o);
+  });
 }
 
 template <class T>
@@ -195,23 +161,11 @@ ffi::Error backward_impl(void* stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::
                          ffi::Buffer<ffi::S32> kv_ids, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> kv_pos,
                          ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                          std::int64_t mask_id, float scale, float softcap, std::int64_t /*threads*/) {
-  try {
-    const std::array<ffi::Buffer<ffi::S32>, 4> ids{q_ids, kv_ids, q_pos, kv_pos};
-    const cuda_engine::RunOptions o = run_options(scale, softcap);
-    switch (q.element_type()) {
-      case ffi::DataType::BF16:
-        backward_typed<bfloat16>(stream, q, k, v, out, lse, dout, ids, dq, dk, dv, mask_id, o);
-        break;
-      case ffi::DataType::F16:
-        backward_typed<float16>(stream, q, k, v, out, lse, dout, ids, dq, dk, dv, mask_id, o);
-        break;
-      default:
-        return ffi::Error(ffi::ErrorCode::kInvalidArgument, dtype_error());
-    }
-    return ffi::Error::Success();
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, e.what());
-  }
+  const std::array<ffi::Buffer<ffi::S32>, 4> ids{q_ids, kv_ids, q_pos, kv_pos};
+  const cuda_engine::RunOptions o = run_options(scale, softcap);
+  return by_storage_type<bfloat16, float16>(q.element_type(), dtype_error(), [&](auto t) {
+    backward_typed<decltype(t)>(stream, q, k, v, out, lse, dout, ids, dq, dk, dv, mask_id, o);
+  });
 }
 
 }  // namespace

@@ -73,6 +73,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "seqattn/backends/tile_kernel.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/tensor.hpp"
 
@@ -617,11 +618,7 @@ struct FlashKernel {
       }
     }
 #else
-    for (index_t d = 0; d < width; ++d) {
-      float* out = dst + d * kBlockQ;
-      for (index_t r = 0; r < n; ++r) out[r] = rows[r][d] * scale;
-      std::fill(out + n, out + n_p, 0.0f);
-    }
+    transpose_rows_by_element<kBlockQ>(rows, n, n_p, width, scale, dst);
 #endif
   }
 

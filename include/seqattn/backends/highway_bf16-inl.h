@@ -326,11 +326,7 @@ struct Bf16DotKernel {
 #pragma GCC diagnostic pop
 #endif
 #else
-    const auto round_bits = [](float x) {  // RoundedBf16's high half
-      std::uint32_t b;
-      std::memcpy(&b, &x, sizeof(b));
-      return (x != x ? b | 0x00400000u : b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
-    };
+    const auto round_bits = [](float x) { return std::uint32_t{bfloat16(x).bits}; };  // RoundedBf16's high half
     for (index_t jj = 0; jj < pairs; ++jj) {
       for (index_t r = 0; r < rows_p; ++r) {
         const float* row = s + r * kBq;

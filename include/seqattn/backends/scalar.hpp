@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "seqattn/backends/cpu_tiled.hpp"
+#include "seqattn/backends/tile_kernel.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/tensor.hpp"
 
@@ -140,10 +141,7 @@ struct ScalarKernel {
   // dst[d][r] = rows[r][d] * scale for r < n, d < width (kBlockQ floats per
   // dst row), lanes [n, n_p) zero: Q into Qt, and the backward's Kt, Vt, dS^T.
   static void transpose_rows(const float* const* rows, index_t n, index_t n_p, index_t width, float scale, float* dst) {
-    for (index_t d = 0; d < width; ++d) {
-      for (index_t r = 0; r < n; ++r) dst[d * kBlockQ + r] = rows[r][d] * scale;
-      for (index_t r = n; r < n_p; ++r) dst[d * kBlockQ + r] = 0.0f;
-    }
+    transpose_rows_by_element<kBlockQ>(rows, n, n_p, width, scale, dst);
   }
 };
 

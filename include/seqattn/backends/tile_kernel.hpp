@@ -25,6 +25,18 @@
 
 namespace seqattn {
 
+// transpose_rows element by element, dst rows kBlockQ floats apart: the
+// specification (ScalarKernel) and the fallback of SIMD kernels' targets
+// without a faster form.
+template <index_t kBlockQ>
+void transpose_rows_by_element(const float* const* rows, index_t n, index_t n_p, index_t width, float scale,
+                               float* dst) {
+  for (index_t d = 0; d < width; ++d) {
+    for (index_t r = 0; r < n; ++r) dst[d * kBlockQ + r] = rows[r][d] * scale;
+    for (index_t r = n; r < n_p; ++r) dst[d * kBlockQ + r] = 0.0f;
+  }
+}
+
 template <class K>
 concept TileKernel = requires(index_t n, const float* cf, float* f, const bfloat16* cb, const std::uint8_t* bits) {
   { K::kBlockQ } -> std::convertible_to<index_t>;

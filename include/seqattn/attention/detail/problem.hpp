@@ -107,10 +107,8 @@ AttentionProblem<T> attention_geometry(const AttentionInputs<T>& in, const Atten
   const bool packed = shape.layout == Layout::thd;
   const int rank = packed ? 3 : 4;
   AttentionProblem<T> p;
-  if constexpr (requires { in.segment_ids; }) {  // paged inputs carry none
-    if (in.segment_ids) in.segment_ids->require_fits(shape, who);
-    p.segment_ids = in.segment_ids;
-  }
+  if (in.segment_ids) in.segment_ids->require_fits(shape, who);
+  p.segment_ids = in.segment_ids;
   p.heads = shape.heads;
   p.kv_heads = shape.kv_heads;
   p.group = shape.group();
@@ -267,11 +265,7 @@ AttentionProblem<T> make_paged_problem(const PagedAttentionInputs<T>& in, const 
   const std::string out_name = concat(who, ": out"), lse_name = concat(who, ": lse");
   const bool packed = shape.layout == Layout::thd;
   const PagedKV<T>& kv = in.kv;
-  AttentionProblem<T> p;
-  if constexpr (requires { in.segment_ids; }) {  // paged inputs carry none
-    if (in.segment_ids) in.segment_ids->require_fits(shape, who);
-    p.segment_ids = in.segment_ids;
-  }
+  AttentionProblem<T> p;  // paged inputs carry no segment ids
   p.heads = shape.heads;
   p.kv_heads = shape.kv_heads;
   p.group = shape.group();

@@ -579,7 +579,7 @@ void amx_key_block(const BackwardCall<bfloat16, V>& c, const KeyTask& task, cons
 //   dQ += dS K    dS^T (transposed, then packed into [key/2][q] pairs), K
 //                 rows paired along keys [key/2][d]
 // Kt2, Vt2 and the K pairs are packed once per kv-tile, the rest once per
-// visit. Conditions (backward_tiles_for): rows contiguous along the head dim
+// visit. Conditions (backward_arithmetic): rows contiguous along the head dim
 // (Q and dO are read in place as pairs). NaN policy as the vector path's: the
 // three accumulations skip a zero weight's non-finite value (the select
 // blocks of PairKernel::accumulate_pv), which a call whose inputs are all
@@ -679,12 +679,12 @@ void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock&
     return;
   }
   if constexpr (std::is_same_v<T, bfloat16>) {
-    switch (c.arithmetic) {
+    switch (c.arithmetic) {  // backward_arithmetic chose only what this target runs
       case Bf16Tiles::amx:
         return amx_key_block(c, task, block, sc);
       case Bf16Tiles::pairs:
         if constexpr (Bf16DotTask<Kernel>::kHardwarePairs) return pair_key_block<true>(c, task, block, sc);
-        break;  // not chosen where the instruction is not compiled in
+        break;
       case Bf16Tiles::emulated_pairs:
         if constexpr (Bf16DotTask<Kernel>::kPairs) return pair_key_block<false>(c, task, block, sc);
         break;
@@ -833,23 +833,33 @@ inline bool inputs_finite(const BackwardProblem<bfloat16>& bp) {
 
 // The arithmetic of this call's key pass: the backend's choice for bf16
 // (backward_tiles) where the call meets its conditions (amx_key_block's and
-// pair_key_block's, above them), else the vector path on fp32 rows.
+// pair_key_block's, above them) and this target has it, else the vector
+// path on fp32 rows; and whether every input is finite (AMX needs it; the
+// pair dots then skip their scans).
+struct BackwardArithmetic {
+  Bf16Tiles tiles = Bf16Tiles::widen;
+  bool finite = false;
+};
+
 template <class Kernel, class T>
-Bf16Tiles backward_tiles_for(const BackwardProblem<T>& bp, const TiledBackwardWork& w) {
+BackwardArithmetic backward_arithmetic(const BackwardProblem<T>& bp, const TiledBackwardWork& w) {
   if constexpr (!std::is_same_v<T, bfloat16>) {
-    return Bf16Tiles::widen;
+    return {};
   } else {
     const AttentionProblem<T>& p = bp.fwd;
     const Bf16Tiles chosen = Bf16DotTask<Kernel>::backward_tiles();
-    if (chosen == Bf16Tiles::widen) return chosen;
-    if (p.q_strides.dim != 1 || p.k_strides.dim != 1 || p.v_strides.dim != 1 || bp.dout.strides.dim != 1) {
-      return Bf16Tiles::widen;
-    }
+    const bool runnable = (chosen == Bf16Tiles::amx) ||
+                          (chosen == Bf16Tiles::pairs && Bf16DotTask<Kernel>::kHardwarePairs) ||
+                          (chosen == Bf16Tiles::emulated_pairs && Bf16DotTask<Kernel>::kPairs);
+    if (!runnable) return {};
+    if (p.q_strides.dim != 1 || p.k_strides.dim != 1 || p.v_strides.dim != 1 || bp.dout.strides.dim != 1) return {};
     if (chosen == Bf16Tiles::amx && (Kernel::kBlockQ % 32 != 0 || Kernel::kBlockKv % 32 != 0 || p.dk % 32 != 0 ||
                                      p.dv % 32 != 0 || w.dkp != p.dk || w.dvp != p.dv)) {
-      return Bf16Tiles::widen;
+      return {};
     }
-    return chosen == Bf16Tiles::amx && !inputs_finite(bp) ? Bf16Tiles::widen : chosen;
+    const bool finite = inputs_finite(bp);
+    if (chosen == Bf16Tiles::amx && !finite) return {};
+    return {chosen, finite};
   }
 }
 
@@ -865,12 +875,9 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
   const int workers = std::max(1, exec.workers());
   std::vector<BackwardScratch<Kernel>> scratch;
   scratch.reserve(static_cast<std::size_t>(workers));
-  const Bf16Tiles arithmetic = backward_tiles_for<Kernel>(bp, w);
-  bool finite = arithmetic == Bf16Tiles::amx;  // AMX runs finite calls only
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    if (arithmetic == Bf16Tiles::pairs || arithmetic == Bf16Tiles::emulated_pairs) finite = inputs_finite(bp);
-  }
-  const bool on_amx = arithmetic == Bf16Tiles::amx;
+  const BackwardArithmetic arithmetic = backward_arithmetic<Kernel>(bp, w);
+  const bool on_amx = arithmetic.tiles == Bf16Tiles::amx;
+  const bool on_pairs = arithmetic.tiles == Bf16Tiles::pairs || arithmetic.tiles == Bf16Tiles::emulated_pairs;
   for (int i = 0; i < workers; ++i) {
     scratch.emplace_back(p.dk, w.dkp, p.dv, w.dvp);
     if (on_amx)
@@ -880,13 +887,12 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
   backward_rows(bp, w, variant, delta, exec);
 
   DqCopies dq(w, workers);
-  const BackwardCall<T, V> call{bp, w, bm, variant, delta, dq, variant_scale(variant, p.dk), arithmetic, finite};
+  const BackwardCall<T, V> call{
+      bp, w, bm, variant, delta, dq, variant_scale(variant, p.dk), arithmetic.tiles, arithmetic.finite};
   exec.parallel_for(static_cast<index_t>(w.key_order.size()), [&](index_t i, int worker) {
     const KeyTask& task = w.key_tasks[static_cast<std::size_t>(w.key_order[static_cast<std::size_t>(i)])];
     if (on_amx) bf16_amx_task_count().fetch_add(1, std::memory_order_relaxed);
-    if (arithmetic == Bf16Tiles::pairs || arithmetic == Bf16Tiles::emulated_pairs) {
-      bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
-    }
+    if (on_pairs) bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
     for (std::size_t blk = task.blocks_begin; blk < task.blocks_end; ++blk) {
       key_block(call, task, w.key_blocks[blk], scratch[static_cast<std::size_t>(worker)]);
     }

@@ -425,7 +425,7 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
       // The group's rows and the tile's keys, or (one group) the tile's span of them.
       index_t r0 = g * t.group_rows, rows = t.group_rows, rows_p = t.group_rows_p, key0 = kv0, keys = cols;
       const std::uint8_t* bits = transposed_tile_bits(c.column_bits, c.w.column_tile_bytes, ref.tile_id);
-      if (bits != nullptr && !c.spans.empty()) {
+      if (bits != nullptr) {  // the plan made spans beside the bits
         const TileSpan span = c.spans[static_cast<std::size_t>(ref.tile_id)];
         r0 = span.row_begin;
         rows = std::min<index_t>(t.rows, span.row_end) - r0;

@@ -41,11 +41,11 @@ namespace seqattn::python {
 
 #ifdef SEQATTN_PY_HAVE_XLA_FFI
 namespace ffi = xla::ffi;
+using ffi_buffers::by_storage_type;
 using ffi_buffers::dims_of;
 using ffi_buffers::fold_leading;
 using ffi_buffers::input;
 using ffi_buffers::output;
-using ffi_buffers::by_storage_type;
 
 namespace {
 

@@ -57,11 +57,12 @@ struct FlashKernelEntry {
   index_t (*padded_dim)(index_t) = nullptr;
   void (*to_f32_float)(const float*, index_t, float*) = nullptr;
   void (*to_f32_bf16)(const bfloat16*, index_t, float*) = nullptr;
-  void (*scores)(const float*, index_t, index_t, const float*, index_t, index_t, float*) = nullptr;
+  void (*scores)(const float*, index_t, index_t, const float*, index_t, index_t, float*, const RowsAhead&) = nullptr;
   void (*softcap)(float*, index_t, index_t, float) = nullptr;
   void (*apply_column_bits)(float*, index_t, index_t, const std::uint8_t*, index_t) = nullptr;
   void (*online_softmax)(float*, index_t, index_t, float*, float*, float*) = nullptr;
-  void (*accumulate_pv)(const float*, index_t, index_t, const float*, index_t, index_t, const float*, float*) = nullptr;
+  void (*accumulate_pv)(const float*, index_t, index_t, const float*, index_t, index_t, const float*, float*,
+                        const RowsAhead&) = nullptr;
   void (*softmax_backward_lanes)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
   void (*softmax_backward_columns)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
   void (*transpose_rows)(const float* const*, index_t, index_t, index_t, float, float*) = nullptr;
@@ -278,6 +279,18 @@ class Buffer {
   };
   index_t n_;
   std::unique_ptr<float, Free> p_;
+};
+
+// A prefetch hint over `n` rows of `base` (`stride` floats apart, `width`
+// each): what the engine hands the kernels in decode. It must change no value;
+// n other than the kernel's key count takes RowsAhead's proportional branch.
+struct AheadRows {
+  std::vector<const void*> rows;
+  RowsAhead hint;
+  AheadRows(const float* base, index_t n, index_t stride, index_t width) {
+    for (index_t j = 0; j < n; ++j) rows.push_back(base + j * stride);
+    hint = RowsAhead{rows.data(), n, width * static_cast<index_t>(sizeof(float))};
+  }
 };
 
 // Fills elements that a kernel must neither write nor read into its results.
@@ -529,7 +542,8 @@ TEST_CASE("FlashKernel scores match ScalarKernel on every Highway target", "[ker
               qt[d * bq + r] = r < rows ? q[static_cast<std::size_t>(r * dk + d)] : 0.0f;
           }
           Buffer st(kernel.block_kv * bq, kSentinel);
-          kernel.scores(qt.data(), rows_p, dk, k.data(), k_stride, cols, st.data());
+          const AheadRows ahead(k.data(), (cols + 1) / 2, k_stride, dk);  // the next rows: here, K's own
+          kernel.scores(qt.data(), rows_p, dk, k.data(), k_stride, cols, st.data(), ahead.hint);
           Report rep;
           for (index_t j = 0; j < kernel.block_kv; ++j) {
             for (index_t r = 0; r < bq; ++r) {
@@ -805,7 +819,8 @@ TEST_CASE("FlashKernel accumulate_pv matches ScalarKernel on every Highway targe
         std::copy(alpha.begin(), alpha.end(), ab.data());
         Buffer o(rows * dvp);  // padding columns start at 0, as in the engine
         for (index_t r = 0; r < rows; ++r) std::copy_n(o0.data() + r * dv, dv, o.data() + r * dvp);
-        kernel.accumulate_pv(pt.data(), rows, cols, vb.data(), v_stride, dvp, ab.data(), o.data());
+        const AheadRows ahead(vb.data(), cols, v_stride, dvp);
+        kernel.accumulate_pv(pt.data(), rows, cols, vb.data(), v_stride, dvp, ab.data(), o.data(), ahead.hint);
         Report rep;
         for (index_t r = 0; r < rows; ++r) {
           for (index_t e = 0; e < dvp; ++e) {
@@ -1220,7 +1235,7 @@ TEST_CASE("FlashKernel follows the NaN policy on every Highway target", "[kernel
       for (index_t e = 0; e < dvp; e += 3) v[4 * dvp + e] = nan;
       v[9 * dvp + 1] = kInf;
       ScalarKernel::accumulate_pv(p_ref.data(), rows, cols, v.data(), dvp, dvp, a.data(), want.data());
-      kernel.accumulate_pv(pt.data(), rows, cols, v.data(), dvp, dvp, a.data(), o.data());
+      kernel.accumulate_pv(pt.data(), rows, cols, v.data(), dvp, dvp, a.data(), o.data(), {});
       Report rep;
       for (index_t r = 0; r < rows; ++r) {
         for (index_t e = 0; e < dv; ++e) {

@@ -228,13 +228,14 @@ struct FlashKernel {
 
   template <class DT, int kMaxVecs, int kKeys>
   static HWY_INLINE void ScoresWith(const float* HWY_RESTRICT qt, index_t rows_p, index_t dk,
-                                    const float* HWY_RESTRICT k, index_t k_stride, index_t cols,
-                                    float* HWY_RESTRICT st) {
+                                    const float* HWY_RESTRICT k, index_t k_stride, index_t cols, float* HWY_RESTRICT st,
+                                    const RowsAhead& ahead) {
     const auto N = static_cast<index_t>(hn::Lanes(DT()));
     const index_t row_vecs = (rows_p + N - 1) / N;
     for (index_t v0 = 0; v0 < row_vecs; v0 += kMaxVecs) {
       const index_t vecs = std::min<index_t>(kMaxVecs, row_vecs - v0);
       for (index_t j0 = 0; j0 < cols; j0 += kKeys) {
+        if (v0 == 0) ahead.part(j0, kKeys, cols);
         const int keys = static_cast<int>(std::min<index_t>(kKeys, cols - j0));
         // Short key groups repeat the last key; only `keys` results are stored.
         const float* krow[kKeys];
@@ -294,7 +295,7 @@ struct FlashKernel {
   static constexpr int kQuadKeys = 8;
 
   static void ScoresRowQuads(const float* HWY_RESTRICT qt, index_t dk, const float* HWY_RESTRICT k, index_t k_stride,
-                             index_t cols, float* HWY_RESTRICT st) {
+                             index_t cols, float* HWY_RESTRICT st, const RowsAhead& ahead) {
     static_assert(kLanes == 16, "4 x 4 blocks of 16 fp32 lanes");
     const D d;
     const hn::Half<D> dh;
@@ -315,6 +316,7 @@ struct FlashKernel {
     static constexpr std::int32_t kUnpermute[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
     const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, kUnpermute));
     for (index_t j0 = 0; j0 < cols; j0 += kQuadKeys) {
+      ahead.part(j0, kQuadKeys, cols);
       const int keys = static_cast<int>(std::min<index_t>(kQuadKeys, cols - j0));
       const float* kp[kQuadKeys];
       HWY_UNROLL(8)
@@ -358,11 +360,13 @@ struct FlashKernel {
   }
 #endif
 
+  // `ahead`: requested by the decode blocks (few rows) only; prefill's tiles
+  // are computed long enough for the hardware prefetchers.
   static void scores(const float* HWY_RESTRICT qt, index_t rows_p, index_t dk, const float* HWY_RESTRICT k,
-                     index_t k_stride, index_t cols, float* HWY_RESTRICT st) {
+                     index_t k_stride, index_t cols, float* HWY_RESTRICT st, const RowsAhead& ahead = {}) {
 #if HWY_TARGET <= HWY_AVX3
     if (rows_p == kLanes / 2 && dk <= kPairMaxDk) {
-      ScoresRowQuads(qt, dk, k, k_stride, cols, st);
+      ScoresRowQuads(qt, dk, k, k_stride, cols, st, ahead);
       return;
     }
 #endif
@@ -370,11 +374,12 @@ struct FlashKernel {
       // Few rows (decode with GQA stacking): half-width vectors waste no lanes
       // and two of them issue per cycle where one full-width one does.
       if (rows_p <= kLanes / 2) {
-        ScoresWith<hn::CappedTag<float, HWY_MAX(1, kLanes / 2)>, 1, kNarrowKeys>(qt, rows_p, dk, k, k_stride, cols, st);
+        ScoresWith<hn::CappedTag<float, HWY_MAX(1, kLanes / 2)>, 1, kNarrowKeys>(qt, rows_p, dk, k, k_stride, cols, st,
+                                                                                 ahead);
         return;
       }
     }
-    ScoresWith<D, kQkRowVecs, kQkKeys>(qt, rows_p, dk, k, k_stride, cols, st);
+    ScoresWith<D, kQkRowVecs, kQkKeys>(qt, rows_p, dk, k, k_stride, cols, st, ahead);
   }
 
   // Rows are padded to whole vectors; at most half a vector for few rows.
@@ -670,10 +675,11 @@ struct FlashKernel {
   // 0 * V[j] (NaN policy, attention/softmax_state.hpp: 0 * NaN must not reach
   // O). Only tiles that have both a zero weight and a non-finite V element
   // take it (accumulate_pv), so the usual tile pays for the two scans only.
+  // ahead: null, or rows to request over this block's keys (RowsAhead).
   template <int kRows, int kVecs, bool kSelect>
   static HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt, index_t cols, const float* HWY_RESTRICT v,
-                                 index_t v_stride, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
-                                 index_t dvp) {
+                                 index_t v_stride, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o, index_t dvp,
+                                 const RowsAhead* ahead) {
     const D d;
     const auto N = static_cast<index_t>(hn::Lanes(d));
     V acc[kRows][kVecs];
@@ -684,6 +690,7 @@ struct FlashKernel {
       for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::Mul(a, hn::Load(d, o + r * dvp + e * N));
     }
     for (index_t j = 0; j < cols; ++j) {
+      if (ahead != nullptr) ahead->part(j, 1, cols);
       V vv[kVecs];
       HWY_UNROLL(8)
       for (int e = 0; e < kVecs; ++e) vv[e] = hn::LoadU(d, v + j * v_stride + e * N);
@@ -754,10 +761,11 @@ struct FlashKernel {
     return hn::AllFalse(d, hn::MaskFromVec(bad));
   }
 
+  // `ahead`'s rows are requested over the first block's keys.
   template <bool kSelect, int kRowsMax, int kVecsMax>
   static void AccumulatePvBlocks(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
-                                 index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha,
-                                 float* HWY_RESTRICT o) {
+                                 index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
+                                 const RowsAhead& ahead) {
     const auto N = static_cast<index_t>(hn::Lanes(D()));
     const index_t all_vecs = dvp / N;
     for (index_t e0 = 0; e0 < all_vecs; e0 += kVecsMax) {
@@ -765,7 +773,8 @@ struct FlashKernel {
         for (index_t r0 = 0; r0 < rows; r0 += kRowsMax) {
           WithBlockSize<kRowsMax>(rows - r0, [&](auto block_rows) {
             PvBlock<decltype(block_rows)::value, decltype(vecs)::value, kSelect>(
-                pt + r0, cols, v + e0 * N, v_stride, alpha + r0, o + r0 * dvp + e0 * N, dvp);
+                pt + r0, cols, v + e0 * N, v_stride, alpha + r0, o + r0 * dvp + e0 * N, dvp,
+                e0 == 0 && r0 == 0 && ahead.n > 0 ? &ahead : nullptr);
           });
         }
       });
@@ -779,8 +788,9 @@ struct FlashKernel {
   // slower with it (three passes over each V tile's rows instead of two).
   template <bool kSelect>
   static void AccumulatePv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
-                           index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
-    AccumulatePvBlocks<kSelect, kPvRows, kPvVecs>(pt, rows, cols, v, v_stride, dvp, alpha, o);
+                           index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
+                           const RowsAhead& ahead) {
+    AccumulatePvBlocks<kSelect, kPvRows, kPvVecs>(pt, rows, cols, v, v_stride, dvp, alpha, o, ahead);
   }
 
   // Head-dim groups outermost: every row block reads one group's slice of
@@ -789,11 +799,12 @@ struct FlashKernel {
   // for tiles with a zero weight (partial tiles, underflow): there it reads
   // the V tile once more, 1 / rows of the tile's P.V loads.
   static void accumulate_pv(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
-                            index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o) {
+                            index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
+                            const RowsAhead& ahead = {}) {
     if (HasZeroWeight(pt, rows, cols) && !AllFinite(v, v_stride, cols, dvp)) {
-      AccumulatePv<true>(pt, rows, cols, v, v_stride, dvp, alpha, o);
+      AccumulatePv<true>(pt, rows, cols, v, v_stride, dvp, alpha, o, ahead);
     } else {
-      AccumulatePv<false>(pt, rows, cols, v, v_stride, dvp, alpha, o);
+      AccumulatePv<false>(pt, rows, cols, v, v_stride, dvp, alpha, o, ahead);
     }
   }
 };

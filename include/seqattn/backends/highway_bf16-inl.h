@@ -580,8 +580,8 @@ struct Bf16DotKernel {
 
   // St[j][r] = scale * (Q[r] . K[j]) for 8 rows; qt2: Qt2 + the group's first row.
   template <bool kHw>
-  static void scores_decode(const float* HWY_RESTRICT qt2, index_t dk, const std::uint16_t* const* krows, index_t cols,
-                            float scale, float* HWY_RESTRICT st) {
+  static HWY_NOINLINE void scores_decode(const float* HWY_RESTRICT qt2, index_t dk, const std::uint16_t* const* krows,
+                                         index_t cols, float scale, float* HWY_RESTRICT st, const RowsAhead& ahead) {
     static_assert(K::kLanes == 16, "FlashKernel::kPairUnpermute assumes 16 fp32 lanes");
     const D d;
     const DU du;
@@ -601,6 +601,7 @@ struct Bf16DotKernel {
     const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, K::kPairUnpermute));
     const V vscale = hn::Set(d, scale);
     for (index_t j0 = 0; j0 < cols; j0 += kDecodeKeys) {
+      ahead.part(j0, kDecodeKeys, cols);
       const int keys = static_cast<int>(std::min<index_t>(kDecodeKeys, cols - j0));
       const std::uint16_t* kp[kDecodeKeys];
       HWY_UNROLL(16)
@@ -678,16 +679,18 @@ struct Bf16DotKernel {
     return hn::Or(lo, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::MaskedLoad(m, d16, r1 + e))));
   }
 
+  // ahead: null, or rows to request over this block's keys (RowsAhead).
   template <bool kHw, int kVecs, bool kSelect>
   static HWY_INLINE void DecodePvBlock(const float* HWY_RESTRICT pt2, const std::uint16_t* const* vrows, index_t cols,
                                        index_t e0, index_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
-                                       index_t dvp) {
+                                       index_t dvp, const RowsAhead* ahead) {
     constexpr int kRows = static_cast<int>(K::kLanes / 2);
     const auto N = static_cast<index_t>(hn::Lanes(D()));
     V acc[kRows][kVecs];
     ScaledRows<kRows, kVecs>(alpha, o + e0, dvp, acc);
     const index_t pairs = (cols + 1) / 2;
     for (index_t jj = 0; jj < pairs; ++jj) {
+      if (ahead != nullptr) ahead->part(2 * jj, 2, cols);
       const std::uint16_t* r0 = vrows[2 * jj];
       const std::uint16_t* r1 = 2 * jj + 1 < cols ? vrows[2 * jj + 1] : nullptr;
       VU vv[kVecs];
@@ -700,19 +703,21 @@ struct Bf16DotKernel {
 
   // O[r][e] = alpha[r] O[r][e] + sum_jj dot2(Pt2[jj][r], (V[2jj][e], V[2jj+1][e])), r < 8, e < dvp;
   // V read in place (vrows[j], j < cols); dims in [dv, dvp) add 0. rows: the
-  // real rows (the NaN policy's zero-weight scan).
+  // real rows (the NaN policy's zero-weight scan). `ahead`'s rows are
+  // requested over the first block of dims.
   template <bool kHw>
   static void accumulate_pv_decode(const float* HWY_RESTRICT pt2, index_t rows, const std::uint16_t* const* vrows,
                                    index_t cols, index_t dv, index_t dvp, const float* HWY_RESTRICT alpha,
-                                   float* HWY_RESTRICT o) {
+                                   float* HWY_RESTRICT o, const RowsAhead& ahead) {
     const auto N = static_cast<index_t>(hn::Lanes(D()));
     const bool select = AnyHalfWithExponent(pt2, (cols + 1) / 2, rows, kBq, 0u) && AnyNonFiniteRows(vrows, cols, dv);
     for (index_t e0 = 0; e0 < dvp; e0 += kDecodePvVecs * N) {
       K::WithBlockSize<kDecodePvVecs>((dvp - e0) / N, [&](auto vecs) {
+        const RowsAhead* first = e0 == 0 && ahead.n > 0 ? &ahead : nullptr;
         if (select) {
-          DecodePvBlock<kHw, decltype(vecs)::value, true>(pt2, vrows, cols, e0, dv, alpha, o, dvp);
+          DecodePvBlock<kHw, decltype(vecs)::value, true>(pt2, vrows, cols, e0, dv, alpha, o, dvp, first);
         } else {
-          DecodePvBlock<kHw, decltype(vecs)::value, false>(pt2, vrows, cols, e0, dv, alpha, o, dvp);
+          DecodePvBlock<kHw, decltype(vecs)::value, false>(pt2, vrows, cols, e0, dv, alpha, o, dvp, first);
         }
       });
     }
@@ -791,11 +796,11 @@ struct Bf16DotKernel {
     template <bool kHw>
     void native_decode() {
       const index_t kd = opaque(kD);
-      scores_decode<kHw>(qt2.get(), kd, krows.data(), kBkv, 1.0f, st.get());
+      scores_decode<kHw>(qt2.get(), kd, krows.data(), kBkv, 1.0f, st.get(), {});
       pack_p_decode(st.get(), kBkv);
       const std::uint16_t* vrows[kBkv];
       for (index_t j = 0; j < kBkv; ++j) vrows[j] = bits_of(v.data() + j * kd);
-      accumulate_pv_decode<kHw>(st.get(), kDecodeRows, vrows, kBkv, kd, kd, alpha.get(), o.get());
+      accumulate_pv_decode<kHw>(st.get(), kDecodeRows, vrows, kBkv, kd, kd, alpha.get(), o.get(), {});
     }
 #endif
     void amx_decode() {
@@ -985,27 +990,30 @@ struct Bf16DotKernel {
                     const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
       pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), sc.qt.get());
     }
+    // `ahead`: requested by the decode blocks (RowsAhead), which the engine
+    // hands rows only in decode.
     void scores(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
-                index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc) const {
+                index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc,
+                [[maybe_unused]] const RowsAhead& ahead) const {
       const std::uint16_t* krows[kBkv];
       for (index_t j = 0; j < tile.cols; ++j) krows[j] = bits_of(p.k_row(seq, tile.kv_begin + j, kv_head));
 #if HWY_TARGET <= HWY_AVX3
       if (decode_rows(tile.rows_padded) && p.dk <= kDecodeMaxDk) {
-        scores_decode<kHw>(sc.qt.get() + r0, p.dk, krows, tile.cols, q_scale, tile.scores);
+        scores_decode<kHw>(sc.qt.get() + r0, p.dk, krows, tile.cols, q_scale, tile.scores, ahead);
         return;
       }
 #endif
       Bf16DotKernel::scores<kHw>(sc.qt.get() + r0, tile.rows_padded, p.dk, krows, tile.cols, q_scale, tile.scores);
     }
     void accumulate(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
-                    index_t dvp, const ScoreTile& tile, const float* alpha, float* o,
-                    detail::TileScratch<K>& sc) const {
+                    index_t dvp, const ScoreTile& tile, const float* alpha, float* o, detail::TileScratch<K>& sc,
+                    [[maybe_unused]] const RowsAhead& ahead) const {
 #if HWY_TARGET <= HWY_AVX3
       if (decode_rows(tile.rows_padded) && p.dk <= kDecodeMaxDk && p.v_strides.dim == 1) {
         const std::uint16_t* vrows[kBkv];
         for (index_t j = 0; j < tile.cols; ++j) vrows[j] = bits_of(p.v_row(seq, tile.kv_begin + j, kv_head));
         pack_p_decode(tile.scores, tile.cols);
-        accumulate_pv_decode<kHw>(tile.scores, tile.rows, vrows, tile.cols, p.dv, dvp, alpha, o);
+        accumulate_pv_decode<kHw>(tile.scores, tile.rows, vrows, tile.cols, p.dv, dvp, alpha, o, ahead);
         return;
       }
 #endif
@@ -1118,8 +1126,10 @@ struct Bf16DotKernel {
                     const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
       pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), sc.qt.get());
     }
+    // The tile loads of AMX cannot interleave requests for rows ahead: the
+    // RowsAhead hint goes unused (decode on AMX was not measured with it).
     void scores(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
-                index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc) const {
+                index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc, const RowsAhead&) const {
       const index_t keys = amx_keys(tile.cols);
       std::size_t stride = 0;
       const std::uint16_t* k =
@@ -1130,8 +1140,8 @@ struct Bf16DotKernel {
       scale_rows(tile.scores, tile.cols, tile.rows_padded, q_scale);
     }
     void accumulate(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
-                    index_t dvp, const ScoreTile& tile, const float* alpha, float* o,
-                    detail::TileScratch<K>& sc) const {
+                    index_t dvp, const ScoreTile& tile, const float* alpha, float* o, detail::TileScratch<K>& sc,
+                    const RowsAhead&) const {
       const index_t keys = amx_keys(tile.cols), rows16 = amx_rows(tile.rows_padded);
       auto* pq = reinterpret_cast<std::uint16_t*>(sc.kbuf.get());
 #if HWY_TARGET <= HWY_AVX3

@@ -35,9 +35,10 @@ struct ScalarKernel {
     for (index_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
   }
 
-  // St[j][r] = sum_d K[j][d] * Qt[d][r] for j < cols, r < rows_p.
+  // St[j][r] = sum_d K[j][d] * Qt[d][r] for j < cols, r < rows_p. The
+  // specification leaves out the prefetch hint (RowsAhead) here and below.
   static void scores(const float* qt, index_t rows_p, index_t dk, const float* k, index_t k_stride, index_t cols,
-                     float* st) {
+                     float* st, const RowsAhead& = {}) {
     for (index_t j = 0; j < cols; ++j) {
       float* s = st + j * kBlockQ;
       std::fill_n(s, rows_p, 0.0f);
@@ -125,7 +126,7 @@ struct ScalarKernel {
   // where a zero weight Pt[j][r] skips V[j] (NaN policy: 0 * NaN must not
   // reach O; a masked or underflowed key's V may hold anything).
   static void accumulate_pv(const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride, index_t dvp,
-                            const float* alpha, float* o) {
+                            const float* alpha, float* o, const RowsAhead& = {}) {
     for (index_t r = 0; r < rows; ++r) {
       float* out = o + r * dvp;
       for (index_t e = 0; e < dvp; ++e) out[e] *= alpha[r];

@@ -5,18 +5,21 @@
 //   kBlockQ, kBlockKv                    tile shape (query rows x keys)
 //   padded_rows(rows), padded_dim(dv)    how far rows and head dims are padded
 //   to_f32(src, n, dst)                  storage -> fp32 for one contiguous row (float, bfloat16)
-//   scores(qt, rows_p, dk, k, k_stride, cols, st)     St[j][r] = sum_d K[j][d] Qt[d][r]
+//   scores(qt, rows_p, dk, k, k_stride, cols, st[, ahead])  St[j][r] = sum_d K[j][d] Qt[d][r]
 //   softcap(st, cols, rows_p, cap)                    St = cap * tanh(St)
 //   apply_column_bits(st, cols, rows_p, bits, bytes_per_key)  St[j][r] = -inf where bit r of key j is 0
 //   online_softmax(st, cols, rows_p, m, l, alpha)     St -> P, running max/sum, rescale factors
-//   accumulate_pv(pt, rows, cols, v, v_stride, dvp, alpha, o)  O = alpha * O + P V
+//   accumulate_pv(pt, rows, cols, v, v_stride, dvp, alpha, o[, ahead])  O = alpha * O + P V
 //   softmax_backward_lanes(s, dp, cols, rows_p, lse, delta)    P = exp(S - lse[r]), dS = P (dP - delta[r])
 //   softmax_backward_columns(s, dp, cols, rows_p, lse, delta)  the same with lse[j], delta[j]
 //   transpose_rows(rows, n, n_p, width, scale, dst)  dst[d][r] = rows[r][d] * scale, lanes [n, n_p) zero
 //
-// St and Qt have a row stride of kBlockQ; O has dvp floats per row.
+// St and Qt have a row stride of kBlockQ; O has dvp floats per row. `ahead`
+// (RowsAhead) names rows to request from memory while the call streams its
+// own: a hint with no effect on any value, which a kernel may ignore.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 
@@ -24,6 +27,50 @@
 #include "seqattn/core/tensor.hpp"
 
 namespace seqattn {
+
+// Rows of K or V that a tile kernel prefetches while it streams a tile of its
+// own, spread over its key loop: decode reads every K and V row once at a few
+// FLOP per byte, and its loads overlap its arithmetic only when the next rows
+// are requested a few KiB ahead while this tile computes, a few rows at a
+// time: the same requests in one burst at the start of a kernel call fill the
+// core's miss buffers and stall the loads behind them (measured in
+// tiled_forward.hpp's decode notes). The engine fills it in decode only
+// (tiled_forward.hpp, decode_rows_ahead).
+struct RowsAhead {
+  const void* const* rows = nullptr;  // n row pointers
+  index_t n = 0;
+  index_t bytes = 0;  // read from each row
+
+  // Requests the rows that belong to keys [j, j + keys) of a loop over
+  // `cols` keys: the rows in proportion, so that the loop's end has asked
+  // for all of them.
+  void part(index_t j, index_t keys, index_t cols) const {
+    if (n == 0) return;
+    index_t lo = j, hi = std::min(j + keys, cols);
+    if (n != cols) {  // a tile's rows over another's keys (the task's last): in proportion
+      lo = lo * n / cols;
+      hi = hi * n / cols;
+    }
+    for (index_t r = lo; r < hi; ++r) {
+      const char* row = static_cast<const char*>(rows[r]);
+      for (index_t b = 0; b < bytes; b += 64) prefetch_line(row + b);
+    }
+  }
+
+  // One cache line into L1. Not __builtin_prefetch: GCC 12 deletes a loop
+  // whose body is only that builtin as a loop without side effects (no
+  // prefetch instruction was left in the binary), which an asm statement
+  // with a memory operand is not.
+  static void prefetch_line(const char* p) {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    asm volatile("prefetcht0 %0" : : "m"(*p));
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+    asm volatile("prfm pldl1keep, %0" : : "Q"(*p));
+#else
+    static_cast<void>(p);
+#endif
+  }
+};
 
 // transpose_rows element by element, dst rows kBlockQ floats apart: the
 // specification (ScalarKernel) and the fallback of SIMD kernels' targets
@@ -46,10 +93,12 @@ concept TileKernel = requires(index_t n, const float* cf, float* f, const bfloat
   K::to_f32(cf, n, f);
   K::to_f32(cb, n, f);
   K::scores(cf, n, n, cf, n, n, f);
+  K::scores(cf, n, n, cf, n, n, f, RowsAhead{});
   K::softcap(f, n, n, 1.0f);
   K::apply_column_bits(f, n, n, bits, n);
   K::online_softmax(f, n, n, f, f, f);
   K::accumulate_pv(cf, n, n, cf, n, n, cf, f);
+  K::accumulate_pv(cf, n, n, cf, n, n, cf, f, RowsAhead{});
   K::softmax_backward_lanes(f, f, n, n, cf, cf);
   K::softmax_backward_columns(f, f, n, n, cf, cf);
   K::transpose_rows(&cf, n, n, n, 1.0f, f);

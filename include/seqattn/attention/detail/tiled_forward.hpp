@@ -4,7 +4,7 @@
 //   load_query_tile      Q rows of the task -> Qt [dk][kBlockQ], pre-scaled
 //   load_kv_tile         K or V rows of one tile, used in place or staged as fp32
 //                        (stage_rows; through the page table of a paged cache;
-//                        decode also prefetches the next tile: prefetch_kv_rows)
+//                        decode requests the next rows as it goes: decode_rows_ahead)
 //   Kernel::scores       St = K Qt (transposed scores)
 //   transform_scores     the score variant's hook (softcap, ALiBi, score_mod ...)
 //   mask_tile            -inf where a partial tile's mask says no
@@ -44,6 +44,7 @@
 #include "seqattn/attention/detail/tiled_work.hpp"
 #include "seqattn/attention/softmax_state.hpp"
 #include "seqattn/attention/variants.hpp"
+#include "seqattn/backends/tile_kernel.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/bits.hpp"
 #include "seqattn/masks/block_mask.hpp"
@@ -157,13 +158,16 @@ struct RowsView {
   index_t stride = 0;
 };
 
+// A staging copy requests `ahead`'s rows as it goes (the kernel then reads
+// the copy); in place, the caller hands `ahead` to the kernel instead.
 template <class Kernel, class T, class Row>
 RowsView stage_rows(Row row, index_t n, index_t token_stride, index_t dim_stride, index_t width, index_t padded_width,
-                    bool in_place, float* buf) {
+                    bool in_place, float* buf, const RowsAhead& ahead = {}) {
   if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
     if (in_place) return {row(0), token_stride};
   }
   for (index_t j = 0; j < n; ++j) {
+    ahead.part(j, 1, n);
     const T* src = row(j);
     float* dst = buf + j * padded_width;
     if (dim_stride == 1) {
@@ -183,67 +187,57 @@ RowsView stage_rows(Row row, index_t n, index_t token_stride, index_t dim_stride
 // touches: no gather copy of the cache beyond the tile being computed.
 template <class Kernel, class T>
 RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, index_t kv0,
-                      index_t kv_head, index_t n, index_t width, index_t padded_width, bool in_place, float* buf) {
+                      index_t kv_head, index_t n, index_t width, index_t padded_width, bool in_place, float* buf,
+                      const RowsAhead& ahead = {}) {
   const TensorStrides& s = value ? p.v_strides : p.k_strides;
   auto row = [&](index_t j) { return value ? p.v_row(seq, j, kv_head) : p.k_row(seq, j, kv_head); };
   auto rows_from = [&](index_t first) { return [&s, base = row(first)](index_t j) { return base + j * s.token; }; };
   index_t run = p.kv_run(seq, kv0);
-  if (run >= n) return stage_rows<Kernel, T>(rows_from(kv0), n, s.token, s.dim, width, padded_width, in_place, buf);
-  for (index_t j = 0; j < n; j += run, run = p.kv_run(seq, kv0 + j)) {
+  if (run >= n) {
+    return stage_rows<Kernel, T>(rows_from(kv0), n, s.token, s.dim, width, padded_width, in_place, buf, ahead);
+  }
+  for (index_t j = 0; j < n; j += run, run = p.kv_run(seq, kv0 + j)) {  // page run by page run
+    ahead.part(j, run, n);
     stage_rows<Kernel, T>(rows_from(kv0 + j), std::min(run, n - j), s.token, s.dim, width, padded_width, false,
                           buf + j * padded_width);
   }
   return {buf, padded_width};
 }
 
-// Decode (few rows) streams K and V once at a few FLOP per byte. Two knobs,
-// set by measurement on a 2-vCPU Intel Xeon (Cascade Lake, model 85, AVX-512,
-// KVM guest; streaming read 16-18 GB/s with 2 threads), 1 query, 32k keys,
-// d = 128, fp32, 2 threads, medians of 15 calls, two rounds:
+// Decode (few rows) streams K and V once at a few FLOP per byte.
 //   - SEQATTN_DECODE_IN_PLACE: fp32 K/V rows are read in place (any token
-//     stride) instead of staged: GQA 32/4 20.6 -> 15.0 ms, 8/1 4.5 -> 3.8 ms.
-//     The staging copy was the larger part of an 8-row tile's 9.4 us (in
-//     cache, 1 thread). (On the 2-vCPU AMD EPYC of highway-inl.h, without
-//     prefetch, staging had won: 13.3 against 19.4 ms.)
-//   - SEQATTN_DECODE_PREFETCH_TILES: rows of the tile that many tiles ahead
-//     are prefetched into L2 (a tile is up to 256 KiB: more than L1) while
-//     this one computes. 1 tile: 0-5% (within the noise of a shared VM); 2
-//     tiles and prefetch into L1 were not consistently better. Kept at 1: one
-//     prefetch per 64 bytes, for where the hardware prefetcher loses the
-//     2 x Hkv interleaved per-head streams or a jump to another page.
-//     Re-measured with the pair QK^T kernel (highway-inl.h): on and off
-//     within the noise on both the Cascade Lake and a Sapphire Rapids VM.
-//     What bounds decode on one core is that a tile's loads and its
-//     arithmetic barely overlap: the out-of-order window covers far less
-//     than a DRAM latency, and a burst of prefetches waits for line fill
-//     buffers. Memory and compute times add, so cheaper arithmetic per K/V
-//     byte is what moves decode toward the streaming-read bandwidth.
+//     stride) instead of staged. Measured on a 2-vCPU Intel Xeon (Cascade
+//     Lake, KVM guest), 1 query, 32k keys, d = 128, 2 threads: GQA 32/4
+//     20.6 -> 15.0 ms, 8/1 4.5 -> 3.8 ms; the staging copy was the larger part
+//     of an 8-row tile's time.
+//   - Rows ahead (decode_rows_ahead, RowsAhead in backends/tile_kernel.hpp):
+//     a decode kernel's loads and its arithmetic overlap only if the rows
+//     after the ones it computes on are requested while it computes. While a
+//     K/V group's scores run, the kernel requests that group's V rows; while
+//     its P.V runs, the K rows of the group after it (this tile's next
+//     group, else the task's next tile's first): a distance of one K or V
+//     tile, 16 KiB bf16 at d = 128. Measured on a 2-vCPU AMD EPYC (Zen 5) VM
+//     (streaming read 33-70 GB/s with 2 threads, moving with the neighbours),
+//     bench/attention.cpp, 1 query, 32k keys, d = 128, 2 threads, 2026-11-26,
+//     against the build before (whose whole-tile prefetch loop GCC 12 had
+//     deleted: see RowsAhead::prefetch_line): GQA 32/4 bf16 5.9-6.7 -> 3.7-4.1
+//     ms, fp32 with head-major K/V 5.8-7.1 -> 4.2-4.9 ms, GQA 8/1 fp32
+//     1.2-1.4 -> 0.85-0.96 ms; GQA 32/4 fp32 BSHD within the noise (4.3-5.3
+//     against 4.9-5.3 ms). The same requests made in one burst at the start of
+//     each kernel call: bf16 4.7-4.8 ms, fp32 head-major 5.8-6.1 ms. Decode
+//     in the last level cache (1k-4k keys) costs the requests 0-10 %.
 #ifndef SEQATTN_DECODE_IN_PLACE
 #define SEQATTN_DECODE_IN_PLACE 1
 #endif
-#ifndef SEQATTN_DECODE_PREFETCH_LOCALITY
-#define SEQATTN_DECODE_PREFETCH_LOCALITY 2  // _MM_HINT_T1: into L2
-#endif
-#ifndef SEQATTN_DECODE_PREFETCH_TILES
-#define SEQATTN_DECODE_PREFETCH_TILES 1
-#endif
-inline constexpr index_t kDecodePrefetchTiles = SEQATTN_DECODE_PREFETCH_TILES;  // 0: off
 
+// The rows [kv0, kv0 + n) of K (value = false) or V of one K/V head, as a
+// RowsAhead over `ptrs` (n <= kBlockKv pointers), `width` elements each.
 template <class T>
-void prefetch_kv_rows(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, index_t kv0, index_t n,
-                      index_t kv_head, index_t width) {
+RowsAhead decode_rows_ahead(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, index_t kv0,
+                            index_t n, index_t kv_head, index_t width, const void** ptrs) {
   const TensorStrides& s = value ? p.v_strides : p.k_strides;
-  const index_t bytes = ((width - 1) * s.dim + 1) * static_cast<index_t>(sizeof(T));
-  const index_t step = s.token * static_cast<index_t>(sizeof(T));
-  for (index_t j = 0; j < n;) {
-    const index_t run = std::min(n - j, p.kv_run(seq, kv0 + j));
-    const char* row =
-        reinterpret_cast<const char*>(value ? p.v_row(seq, kv0 + j, kv_head) : p.k_row(seq, kv0 + j, kv_head));
-    for (index_t r = 0; r < run; ++r, row += step) {
-      for (index_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, SEQATTN_DECODE_PREFETCH_LOCALITY);
-    }
-    j += run;
-  }
+  for (index_t j = 0; j < n; ++j) ptrs[j] = value ? p.v_row(seq, kv0 + j, kv_head) : p.k_row(seq, kv0 + j, kv_head);
+  return {ptrs, n, ((width - 1) * s.dim + 1) * static_cast<index_t>(sizeof(T))};
 }
 
 // Sets the elements of tile `tile_id` (a TileRef's) that the mask disallows
@@ -369,21 +363,25 @@ struct WidenedTiles {
                   TileScratch<Kernel>& sc) const {
     load_query_tile<Kernel>(p, seq, t, sc.row_q.data(), sc.row_head.data(), q_scale, sc.qt.get());
   }
-  // tile.scores = K Qt for the K/V group whose rows start at row r0.
+  // tile.scores = K Qt for the K/V group whose rows start at row r0; `ahead`
+  // is requested while the K rows stream (by the staging copy, else by the kernel).
   template <class T>
   void scores(const AttentionProblem<T>& p, const SequenceGeometry& seq, index_t kv_head, index_t r0, float,
-              const ScoreTile& tile, TileScratch<Kernel>& sc) const {
-    const RowsView k =
-        load_kv_tile<Kernel>(p, seq, false, tile.kv_begin, kv_head, tile.cols, p.dk, p.dk, k_in_place, sc.kbuf.get());
-    Kernel::scores(sc.qt.get() + r0, tile.rows_padded, p.dk, k.rows, k.stride, tile.cols, tile.scores);
+              const ScoreTile& tile, TileScratch<Kernel>& sc, const RowsAhead& ahead) const {
+    const RowsView k = load_kv_tile<Kernel>(p, seq, false, tile.kv_begin, kv_head, tile.cols, p.dk, p.dk, k_in_place,
+                                            sc.kbuf.get(), ahead);
+    Kernel::scores(sc.qt.get() + r0, tile.rows_padded, p.dk, k.rows, k.stride, tile.cols, tile.scores,
+                   k.rows == sc.kbuf.get() ? RowsAhead{} : ahead);
   }
   // o = alpha o + P V, P being the tile's probabilities.
   template <class T>
   void accumulate(const AttentionProblem<T>& p, const SequenceGeometry& seq, index_t kv_head, index_t dvp,
-                  const ScoreTile& tile, const float* alpha, float* o, TileScratch<Kernel>& sc) const {
-    const RowsView v =
-        load_kv_tile<Kernel>(p, seq, true, tile.kv_begin, kv_head, tile.cols, p.dv, dvp, v_in_place, sc.vbuf.get());
-    Kernel::accumulate_pv(tile.scores, tile.rows, tile.cols, v.rows, v.stride, dvp, alpha, o);
+                  const ScoreTile& tile, const float* alpha, float* o, TileScratch<Kernel>& sc,
+                  const RowsAhead& ahead) const {
+    const RowsView v = load_kv_tile<Kernel>(p, seq, true, tile.kv_begin, kv_head, tile.cols, p.dv, dvp, v_in_place,
+                                            sc.vbuf.get(), ahead);
+    Kernel::accumulate_pv(tile.scores, tile.rows, tile.cols, v.rows, v.stride, dvp, alpha, o,
+                          v.rows == sc.vbuf.get() ? RowsAhead{} : ahead);
   }
 };
 
@@ -410,18 +408,13 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
     const TileRef ref = c.w.tiles[u.tiles_begin + static_cast<std::size_t>(i)];
     const index_t kv0 = static_cast<index_t>(ref.kv_block) * kBkv;
     const index_t cols = std::min(kBkv, seq.kv_len - kv0);
-    // Decode: a tile kDecodePrefetchTiles ahead in this task, one K/V head at a time below.
-    const index_t ahead = i + kDecodePrefetchTiles;
-    const bool prefetch = kDecodePrefetchTiles > 0 && !many_rows && ahead < n * (split + 1) / c.w.splits;
+    // Decode: the task's next tile, whose first group's K rows the last group requests.
+    const bool next_tile = !many_rows && i + 1 < n * (split + 1) / c.w.splits;
     const index_t next_kv0 =
-        prefetch ? static_cast<index_t>(c.w.tiles[u.tiles_begin + static_cast<std::size_t>(ahead)].kv_block) * kBkv : 0;
-    const index_t next_cols = prefetch ? std::min(kBkv, seq.kv_len - next_kv0) : 0;
+        next_tile ? static_cast<index_t>(c.w.tiles[u.tiles_begin + static_cast<std::size_t>(i + 1)].kv_block) * kBkv
+                  : 0;
     for (index_t g = 0; g < u.kv_groups; ++g) {
       const index_t kv_head = u.head0 / p.group + g;
-      if (prefetch) {
-        prefetch_kv_rows(p, seq, false, next_kv0, next_cols, kv_head, p.dk);
-        prefetch_kv_rows(p, seq, true, next_kv0, next_cols, kv_head, p.dv);
-      }
       // The group's rows and the tile's keys, or (one group) the tile's span of them.
       index_t r0 = g * t.group_rows, rows = t.group_rows, rows_p = t.group_rows_p, key0 = kv0, keys = cols;
       const std::uint8_t* bits = transposed_tile_bits(c.column_bits, c.w.column_tile_bytes, ref.tile_id);
@@ -437,12 +430,25 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
       }
       const ScoreTile tile{sc.st.get() + r0,        kBq,        rows, rows_p,    keys,      sc.row_q.data() + r0,
                            sc.row_head.data() + r0, u.sequence, key0, seq.q_len, seq.kv_len};
-      tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc);
+      // Decode: this group's V rows while its scores run, the next group's K rows during its P.V.
+      const void* v_rows[kBkv];
+      const void* k_rows[kBkv];
+      RowsAhead v_ahead, k_ahead;
+      if (!many_rows) {
+        v_ahead = decode_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, v_rows);
+        if (g + 1 < u.kv_groups) {
+          k_ahead = decode_rows_ahead(p, seq, false, kv0, cols, kv_head + 1, p.dk, k_rows);
+        } else if (next_tile) {
+          k_ahead = decode_rows_ahead(p, seq, false, next_kv0, std::min(kBkv, seq.kv_len - next_kv0), u.head0 / p.group,
+                                      p.dk, k_rows);
+        }
+      }
+      tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc, v_ahead);
       transform_scores<Kernel>(c.variant, tile);
       mask_tile<Kernel>(tile, c.bm, ref.tile_id, bits, kBq / 8, u.q_block * kBq);
       if (ref.by_segments) mask_segments(tile, *p.segment_ids);
       Kernel::online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
-      tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc);
+      tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc, k_ahead);
     }
   }
   if (c.w.splits > 1) {

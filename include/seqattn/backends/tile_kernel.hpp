@@ -26,6 +26,13 @@
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/tensor.hpp"
 
+// Inlined into its caller whatever the compiler's heuristics say.
+#if defined(__GNUC__) || defined(__clang__)
+#define SEQATTN_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define SEQATTN_ALWAYS_INLINE inline
+#endif
+
 namespace seqattn {
 
 // Rows of K or V that a tile kernel prefetches while it streams a tile of its
@@ -39,21 +46,25 @@ namespace seqattn {
 struct RowsAhead {
   const void* const* rows = nullptr;  // n row pointers
   index_t n = 0;
-  index_t bytes = 0;  // read from each row
+  index_t bytes = 0;                // read from each row
+  const RowsAhead* also = nullptr;  // another list, requested over the same keys
 
   // Requests the rows that belong to keys [j, j + keys) of a loop over
   // `cols` keys: the rows in proportion, so that the loop's end has asked
-  // for all of them.
-  void part(index_t j, index_t keys, index_t cols) const {
-    if (n == 0) return;
-    index_t lo = j, hi = std::min(j + keys, cols);
-    if (n != cols) {  // a tile's rows over another's keys (the task's last): in proportion
-      lo = lo * n / cols;
-      hi = hi * n / cols;
-    }
-    for (index_t r = lo; r < hi; ++r) {
-      const char* row = static_cast<const char*>(rows[r]);
-      for (index_t b = 0; b < bytes; b += 64) prefetch_line(row + b);
+  // for all of them; then those of `also`. Inlined: a call from a kernel's
+  // loop would spill its accumulators (every vector register is caller-saved).
+  SEQATTN_ALWAYS_INLINE void part(index_t j, index_t keys, index_t cols) const {
+    for (const RowsAhead* list = this; list != nullptr; list = list->also) {
+      if (list->n == 0) continue;
+      index_t lo = j, hi = std::min(j + keys, cols);
+      if (list->n != cols) {  // a tile's rows over another's keys (the task's last): in proportion
+        lo = lo * list->n / cols;
+        hi = hi * list->n / cols;
+      }
+      for (index_t r = lo; r < hi; ++r) {
+        const char* row = static_cast<const char*>(list->rows[r]);
+        for (index_t b = 0; b < list->bytes; b += 64) prefetch_line(row + b);
+      }
     }
   }
 
@@ -61,7 +72,7 @@ struct RowsAhead {
   // whose body is only that builtin as a loop without side effects (no
   // prefetch instruction was left in the binary), which an asm statement
   // with a memory operand is not.
-  static void prefetch_line(const char* p) {
+  SEQATTN_ALWAYS_INLINE static void prefetch_line(const char* p) {
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
     asm volatile("prefetcht0 %0" : : "m"(*p));
 #elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))

@@ -212,20 +212,23 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
 //     of an 8-row tile's time.
 //   - Rows ahead (decode_rows_ahead, RowsAhead in backends/tile_kernel.hpp):
 //     a decode kernel's loads and its arithmetic overlap only if the rows
-//     after the ones it computes on are requested while it computes. While a
-//     K/V group's scores run, the kernel requests that group's V rows; while
-//     its P.V runs, the K rows of the group after it (this tile's next
-//     group, else the task's next tile's first): a distance of one K or V
-//     tile, 16 KiB bf16 at d = 128. Measured on a 2-vCPU AMD EPYC (Zen 5) VM
-//     (streaming read 33-70 GB/s with 2 threads, moving with the neighbours),
-//     bench/attention.cpp, 1 query, 32k keys, d = 128, 2 threads, 2026-11-26,
+//     after the ones it computes on are requested while it computes. Each K/V
+//     group's P.V requests the K and V rows of the group after it (this
+//     tile's next group, else the task's next tile's first), a distance of
+//     one group's tiles (32 KiB bf16 at d = 128); a task's first group
+//     requests its own V rows during its scores. Measured on a 2-vCPU AMD
+//     EPYC (Zen 5) VM (streaming read 33-70 GB/s with 2 threads, moving with
+//     the neighbours), bench/attention.cpp, 1 query, d = 128, 2026-11-26,
 //     against the build before (whose whole-tile prefetch loop GCC 12 had
-//     deleted: see RowsAhead::prefetch_line): GQA 32/4 bf16 5.9-6.7 -> 3.7-4.1
-//     ms, fp32 with head-major K/V 5.8-7.1 -> 4.2-4.9 ms, GQA 8/1 fp32
-//     1.2-1.4 -> 0.85-0.96 ms; GQA 32/4 fp32 BSHD within the noise (4.3-5.3
-//     against 4.9-5.3 ms). The same requests made in one burst at the start of
-//     each kernel call: bf16 4.7-4.8 ms, fp32 head-major 5.8-6.1 ms. Decode
-//     in the last level cache (1k-4k keys) costs the requests 0-10 %.
+//     deleted: see RowsAhead::prefetch_line), GQA 32/4 over 32k keys, 2
+//     threads: bf16 5.9-6.3 -> 3.3-3.5 ms, fp32 5.1-5.2 -> 4.2-4.5 ms, fp32
+//     head-major 5.8-7.1 -> 4.1-4.4 ms; GQA 8/1 fp32 1.2-1.4 -> 0.77-0.85 ms.
+//     Requesting only the next group's K rows during P.V and a group's own V
+//     rows during its scores: bf16 3.8-4.0, fp32 4.8-4.9 ms; the same
+//     requests in one burst at the start of each kernel call: bf16 4.7-4.8
+//     ms. What it costs where K and V sit in the last-level cache (1k keys,
+//     one thread, a layer's cache called twice in a row): bf16 87-91 -> 96-99
+//     us, fp32 120-122 -> 146-148 us.
 #ifndef SEQATTN_DECODE_IN_PLACE
 #define SEQATTN_DECODE_IN_PLACE 1
 #endif
@@ -404,7 +407,8 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
   const bool many_rows = t.rows > kBq / 4;
 
   const index_t n = u.num_tiles();
-  for (index_t i = n * split / c.w.splits; i < n * (split + 1) / c.w.splits; ++i) {
+  const index_t first_tile = n * split / c.w.splits;
+  for (index_t i = first_tile; i < n * (split + 1) / c.w.splits; ++i) {
     const TileRef ref = c.w.tiles[u.tiles_begin + static_cast<std::size_t>(i)];
     const index_t kv0 = static_cast<index_t>(ref.kv_block) * kBkv;
     const index_t cols = std::min(kBkv, seq.kv_len - kv0);
@@ -430,25 +434,28 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
       }
       const ScoreTile tile{sc.st.get() + r0,        kBq,        rows, rows_p,    keys,      sc.row_q.data() + r0,
                            sc.row_head.data() + r0, u.sequence, key0, seq.q_len, seq.kv_len};
-      // Decode: this group's V rows while its scores run, the next group's K rows during its P.V.
+      // Decode: the task's first group requests its own V rows during its
+      // scores; every group's P.V the next group's K and V rows.
       const void* v_rows[kBkv];
       const void* k_rows[kBkv];
-      RowsAhead v_ahead, k_ahead;
-      if (!many_rows) {
-        v_ahead = decode_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, v_rows);
-        if (g + 1 < u.kv_groups) {
-          k_ahead = decode_rows_ahead(p, seq, false, kv0, cols, kv_head + 1, p.dk, k_rows);
-        } else if (next_tile) {
-          k_ahead = decode_rows_ahead(p, seq, false, next_kv0, std::min(kBkv, seq.kv_len - next_kv0), u.head0 / p.group,
-                                      p.dk, k_rows);
-        }
+      RowsAhead own_v, next_k, next_v;
+      if (!many_rows && i == first_tile && g == 0) {
+        own_v = decode_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, v_rows);
       }
-      tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc, v_ahead);
+      tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc, own_v);
       transform_scores<Kernel>(c.variant, tile);
       mask_tile<Kernel>(tile, c.bm, ref.tile_id, bits, kBq / 8, u.q_block * kBq);
       if (ref.by_segments) mask_segments(tile, *p.segment_ids);
       Kernel::online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
-      tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc, k_ahead);
+      if (!many_rows && (g + 1 < u.kv_groups || next_tile)) {
+        const bool same_tile = g + 1 < u.kv_groups;
+        const index_t head = same_tile ? kv_head + 1 : u.head0 / p.group, at = same_tile ? kv0 : next_kv0;
+        const index_t n_rows = std::min(kBkv, seq.kv_len - at);
+        next_k = decode_rows_ahead(p, seq, false, at, n_rows, head, p.dk, k_rows);
+        next_v = decode_rows_ahead(p, seq, true, at, n_rows, head, p.dv, v_rows);
+        next_k.also = &next_v;
+      }
+      tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc, next_k);
     }
   }
   if (c.w.splits > 1) {

@@ -668,12 +668,12 @@ struct Bf16DotKernel {
     return !hn::AllFalse(d16, hn::MaskFromVec(found));
   }
 
-  // (V[j0][e..e+15], V[j1][e..e+15]) as 16 bf16 pairs; dims >= dv read as 0;
-  // j1 == nullptr: the missing key of an odd tile, 0.
-  static HWY_INLINE VU PairRows(const std::uint16_t* r0, const std::uint16_t* r1, index_t e, index_t dv) {
+  // (V[j0][e..e+15], V[j1][e..e+15]) as 16 bf16 pairs; dims outside `m`
+  // (FirstN(dv - e)) read as 0; j1 == nullptr: the missing key of an odd tile, 0.
+  using Mask16 = hn::Mask<hn::Rebind<std::uint16_t, D>>;
+  static HWY_INLINE VU PairRows(const std::uint16_t* r0, const std::uint16_t* r1, index_t e, Mask16 m) {
     const DU du;
     const hn::Rebind<std::uint16_t, D> d16;
-    const auto m = hn::FirstN(d16, static_cast<std::size_t>(dv - e));
     const VU lo = hn::PromoteTo(du, hn::MaskedLoad(m, d16, r0 + e));
     if (r1 == nullptr) return lo;
     return hn::Or(lo, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::MaskedLoad(m, d16, r1 + e))));
@@ -689,13 +689,18 @@ struct Bf16DotKernel {
     V acc[kRows][kVecs];
     ScaledRows<kRows, kVecs>(alpha, o + e0, dvp, acc);
     const index_t pairs = (cols + 1) / 2;
+    Mask16 dims[kVecs];  // once per block, not per key pair
+    HWY_UNROLL(4)
+    for (int e = 0; e < kVecs; ++e) {
+      dims[e] = hn::FirstN(hn::Rebind<std::uint16_t, D>(), static_cast<std::size_t>(dv - (e0 + e * N)));
+    }
     for (index_t jj = 0; jj < pairs; ++jj) {
       if (ahead != nullptr) ahead->part(2 * jj, 2, cols);
       const std::uint16_t* r0 = vrows[2 * jj];
       const std::uint16_t* r1 = 2 * jj + 1 < cols ? vrows[2 * jj + 1] : nullptr;
       VU vv[kVecs];
       HWY_UNROLL(4)
-      for (int e = 0; e < kVecs; ++e) vv[e] = PairRows(r0, r1, e0 + e * N, dv);
+      for (int e = 0; e < kVecs; ++e) vv[e] = PairRows(r0, r1, e0 + e * N, dims[e]);
       AddPairDots<kHw, kRows, kVecs, kSelect>(pt2 + jj * kBq, vv, acc);
     }
     StoreRows<kRows, kVecs>(acc, o + e0, dvp);

@@ -227,8 +227,8 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
 //     rows during its scores: bf16 3.8-4.0, fp32 4.8-4.9 ms; the same
 //     requests in one burst at the start of each kernel call: bf16 4.7-4.8
 //     ms. What it costs where K and V sit in the last-level cache (1k keys,
-//     one thread, a layer's cache called twice in a row): bf16 87-91 -> 96-99
-//     us, fp32 120-122 -> 146-148 us.
+//     one thread, the same call repeated): bf16 87-91 -> 96-99 us, fp32
+//     120-122 -> 146-148 us.
 #ifndef SEQATTN_DECODE_IN_PLACE
 #define SEQATTN_DECODE_IN_PLACE 1
 #endif

@@ -819,8 +819,10 @@ TEST_CASE("FlashKernel accumulate_pv matches ScalarKernel on every Highway targe
         std::copy(alpha.begin(), alpha.end(), ab.data());
         Buffer o(rows * dvp);  // padding columns start at 0, as in the engine
         for (index_t r = 0; r < rows; ++r) std::copy_n(o0.data() + r * dv, dv, o.data() + r * dvp);
-        const AheadRows ahead(vb.data(), cols, v_stride, dvp);
-        kernel.accumulate_pv(pt.data(), rows, cols, vb.data(), v_stride, dvp, ab.data(), o.data(), ahead.hint);
+        // Two lists the way the engine chains next K and V: an empty head whose `also` names the rows.
+        const AheadRows rows_ahead(vb.data(), cols, v_stride, dvp);
+        const seqattn::RowsAhead ahead{nullptr, 0, 0, &rows_ahead.hint};
+        kernel.accumulate_pv(pt.data(), rows, cols, vb.data(), v_stride, dvp, ab.data(), o.data(), ahead);
         Report rep;
         for (index_t r = 0; r < rows; ++r) {
           for (index_t e = 0; e < dvp; ++e) {

@@ -774,7 +774,7 @@ struct FlashKernel {
           WithBlockSize<kRowsMax>(rows - r0, [&](auto block_rows) {
             PvBlock<decltype(block_rows)::value, decltype(vecs)::value, kSelect>(
                 pt + r0, cols, v + e0 * N, v_stride, alpha + r0, o + r0 * dvp + e0 * N, dvp,
-                e0 == 0 && r0 == 0 && ahead.n > 0 ? &ahead : nullptr);
+                e0 == 0 && r0 == 0 && !ahead.empty() ? &ahead : nullptr);
           });
         }
       });

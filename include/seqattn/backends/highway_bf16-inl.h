@@ -718,7 +718,7 @@ struct Bf16DotKernel {
     const bool select = AnyHalfWithExponent(pt2, (cols + 1) / 2, rows, kBq, 0u) && AnyNonFiniteRows(vrows, cols, dv);
     for (index_t e0 = 0; e0 < dvp; e0 += kDecodePvVecs * N) {
       K::WithBlockSize<kDecodePvVecs>((dvp - e0) / N, [&](auto vecs) {
-        const RowsAhead* first = e0 == 0 && ahead.n > 0 ? &ahead : nullptr;
+        const RowsAhead* first = e0 == 0 && !ahead.empty() ? &ahead : nullptr;
         if (select) {
           DecodePvBlock<kHw, decltype(vecs)::value, true>(pt2, vrows, cols, e0, dv, alpha, o, dvp, first);
         } else {

@@ -49,6 +49,9 @@ struct RowsAhead {
   index_t bytes = 0;                // read from each row
   const RowsAhead* also = nullptr;  // another list, requested over the same keys
 
+  // Whether neither this list nor the ones it chains name a row.
+  bool empty() const { return n == 0 && (also == nullptr || also->empty()); }
+
   // Requests the rows that belong to keys [j, j + keys) of a loop over
   // `cols` keys: the rows in proportion, so that the loop's end has asked
   // for all of them; then those of `also`. Inlined: a call from a kernel's

@@ -3,11 +3,14 @@
 // reference on every mask kind, head dims 64..256, GQA, decode and ragged THD
 // shapes, every score variant; fully masked rows; determinism across worker
 // counts; errors.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "seqattn/masks.hpp"
@@ -252,6 +255,110 @@ TEST_CASE("tiled backward over head dims 64 to 256, several tiles each way", "[a
   }
 }
 
+// A key task sweeps several kv-tiles over the q-tiles that see them
+// (tiled_backward.hpp, sweep_key_task): tasks of 10 kv-tiles (one K/V head
+// each, so a single dQ copy) run a full sweep and a short one.
+TEST_CASE("tiled backward sweeps of several kv-tiles match the reference", "[attention][backward]") {
+  std::mt19937 rng(463);
+  const Problem x(rng, 2, 600, 640, 8, 8, 24);
+  check_against_reference<backends::Highway>(x, CausalMask{Alignment::bottom_right}, 2);
+  check_against_reference<backends::Highway>(x, SlidingWindowMask{150, 20}, 2);
+  check_against_reference<backends::Highway>(x, TestRandomDenseMask{5, 0.3f}, 2);
+}
+
+// The sweep's order on planned work, recorded by a pass that computes
+// nothing: every ref visited once, each kv-tile's visits in its refs' order
+// between its start and its store, each visit after its q-tile was loaded
+// and with that q-tile's head and block, every key block stored once; and a
+// causal mask's q-tiles loaded once for several kv-tiles.
+TEST_CASE("the backward's key sweep visits every ref once, in each tile's order", "[attention][backward]") {
+  using Kernel = backends::Scalar::Kernel;
+  using detail::KeyTile;
+  struct Recorder {
+    const detail::TiledBackwardWork& w;
+    std::map<const KeyTile<Kernel>*, const detail::KeyBlock*> block_of;
+    std::map<const KeyTile<Kernel>*, std::size_t> next_ref;
+    std::vector<int> visited, stored;
+    index_t h = -1;
+    std::int32_t q_block = -1;
+    bool q_loaded = false;
+    std::size_t q_loads = 0, visits = 0;
+
+    void start_tile(const detail::KeyBlock& block, KeyTile<Kernel>& t) {
+      REQUIRE(block_of.count(&t) == 0);  // stored by its previous sweep
+      block_of[&t] = &block;
+      next_ref[&t] = block.refs_begin;
+      t.seen = block.refs_begin != block.refs_end;
+    }
+    void load_tile(const KeyTile<Kernel>& t) const {
+      REQUIRE(block_of.count(&t) == 1);
+      REQUIRE(t.seen);
+    }
+    void start_q_tile(index_t head, std::int32_t block) {
+      h = head;
+      q_block = block;
+      q_loaded = false;
+    }
+    void load_q_tile() {
+      q_loaded = true;
+      ++q_loads;
+    }
+    void visit(const detail::QTileRef& ref, const KeyTile<Kernel>& t) {
+      REQUIRE(q_loaded);
+      REQUIRE(ref.head == h);
+      REQUIRE(ref.q_block == q_block);
+      REQUIRE(block_of.count(&t) == 1);
+      const auto i = static_cast<std::size_t>(&ref - w.q_refs.data());
+      REQUIRE(i == next_ref[&t]++);
+      ++visited[i];
+      ++visits;
+    }
+    void store(const KeyTile<Kernel>& t) {
+      REQUIRE(block_of.count(&t) == 1);
+      REQUIRE(next_ref[&t] == block_of[&t]->refs_end);
+      ++stored[static_cast<std::size_t>(block_of[&t] - w.key_blocks.data())];
+      block_of.erase(&t);
+    }
+  };
+  const std::vector<std::int32_t> doc_ids = [] {  // documents of 700, 90, 1 and 1209 tokens
+    std::vector<std::int32_t> ids;
+    const std::pair<std::int32_t, std::size_t> runs[] = {{1, 700}, {2, 90}, {3, 1}, {4, 1209}};
+    for (const auto& [id, len] : runs) ids.insert(ids.end(), len, id);
+    return ids;
+  }();
+  const DocumentLayout docs =
+      DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(doc_ids.data(), {1, 2000}));
+  const auto check = [&](const auto& mask, RaggedLengths lengths, index_t heads, index_t kv_heads, bool shares_loads) {
+    AttentionShape shape;
+    shape.lengths = std::move(lengths);
+    shape.heads = heads;
+    shape.kv_heads = kv_heads;
+    shape.dk = shape.dv = 16;
+    const BlockMask bm = build_block_mask(mask, shape.lengths, heads, backends::Scalar::block_shape());
+    const detail::TiledBackwardWork w = detail::plan_tiled_backward<Kernel>(shape, bm);
+    for (const std::size_t sweep :
+         {std::size_t{1}, std::size_t{3}, static_cast<std::size_t>(detail::kKeyTilesPerSweep)}) {
+      CAPTURE(sweep);
+      std::vector<KeyTile<Kernel>> tiles;
+      for (std::size_t i = 0; i < sweep; ++i) tiles.emplace_back(16, 16, 16, 16);
+      Recorder rec{w, {}, {}, std::vector<int>(w.q_refs.size()), std::vector<int>(w.key_blocks.size())};
+      for (const detail::KeyTask& task : w.key_tasks) {
+        detail::sweep_key_task(rec, w, task, std::span<KeyTile<Kernel>>(tiles));
+        CHECK(rec.block_of.empty());
+      }
+      CHECK(rec.visits == w.q_refs.size());
+      CHECK(std::all_of(rec.visited.begin(), rec.visited.end(), [](int n) { return n == 1; }));
+      CHECK(std::all_of(rec.stored.begin(), rec.stored.end(), [](int n) { return n == 1; }));
+      if (sweep == 1) CHECK(rec.q_loads == rec.visits);
+      if (sweep > 1 && shares_loads) CHECK(rec.q_loads * 2 < rec.visits);
+    }
+  };
+  check(CausalMask{}, RaggedLengths{{2000, 1300}, {2000, 1300}}, 4, 2, true);
+  check(document_mask(docs, CausalMask{}), RaggedLengths::uniform(1, 2000, 2000), 2, 1, true);
+  check(SlidingWindowMask{300, 0}, RaggedLengths::uniform(1, 2000, 2000), 3, 3, false);
+  check(CausalMask{Alignment::bottom_right}, RaggedLengths::uniform(1, 5, 2000), 2, 2, false);
+}
+
 TEST_CASE("tiled backward on ragged THD with empty segments", "[attention][backward][thd]") {
   std::mt19937 rng(421);
   const std::vector<std::int32_t> q_off{0, 30, 30, 33, 110}, q_len{30, 0, 3, 77, 20};
@@ -392,8 +499,8 @@ TEST_CASE("bf16 backward stays close to the reference", "[attention][backward][b
   for (std::size_t i = 0; i < 3; ++i) CHECK(compare(got[i], want[i]).nmse() <= 1e-3);
 }
 
-// The bf16 key pass on AMX tiles (tiled_backward.hpp, amx_key_block) where
-// the CPU has AMX, and on pair dot products (pair_key_block: the instruction
+// The bf16 key pass on AMX tiles (tiled_backward.hpp, AmxKeyPass) where
+// the CPU has AMX, and on pair dot products (PairKeyPass: the instruction
 // where the CPU has it, else its emulation): random shapes with q- and
 // kv-tiles cut short, GQA, odd and non-power-of-two head dims, masks with
 // partial tiles, softcap (a score hook); P and dS rounded to bf16 give an

@@ -5,10 +5,11 @@
 //
 //   rows pass   D and the sinks' gradient, per (sequence, head)
 //   key pass    per (sequence, K/V head, range of kv-tiles), the tiles in
-//               order: for each q-tile that sees the kv-tile (from the
-//               BlockMask's transpose, for every query head of the GQA group)
-//               S, dP, then dV += P^T dO, dK += dS^T Q and dQ_c += dS K into
-//               copy c of an fp32 dQ, c the range's index
+//               sweeps of kKeyTilesPerSweep: for each q-tile that sees a
+//               tile of the sweep (from the BlockMask's transpose, for every
+//               query head of the GQA group), loaded once, and each such
+//               tile: S, dP, then dV += P^T dO, dK += dS^T Q and
+//               dQ_c += dS K into copy c of an fp32 dQ, c the range's index
 //   dQ pass     dQ = scale * sum over c of dQ_c, in the order of c, per
 //               (sequence, head, q-tile)
 //
@@ -21,7 +22,7 @@
 // (S = Q Kt, dP = dO Vt, keys on the lanes) and Kernel::accumulate_pv
 // (dV += P^T dO, dK += dS^T Q, dQ += dS K), the last with dS transposed
 // (Kernel::transpose_rows). bf16 calls may run the same five products on
-// AMX tiles (amx_key_block) or bf16 pair dot products (pair_key_block), as
+// AMX tiles (AmxKeyPass) or bf16 pair dot products (PairKeyPass), as
 // the backend's probe chose for its forward (Bf16DotTask::backward_tiles).
 // Empty tiles are never visited; full tiles get no mask work.
 #pragma once
@@ -253,16 +254,27 @@ inline TiledBackwardWork refine_backward_work(const TiledBackwardWork& w, const 
 // dV += P^T dO and dK += dS^T Q, and Q and dO are read as rows (in place
 // for contiguous fp32) without a transpose per visit; K^T and V^T are built
 // once per kv-tile. dQ += dS K takes dS^T, one tile transpose per visit.
+//
+// A key task sweeps kKeyTilesPerSweep of its kv-tiles at once over the
+// q-tiles that see them (sweep_key_task): a q-tile's Q, dO and dQ rows are
+// fetched and prepared once for all the kv-tiles that visit it. One kv-tile
+// at a time, every visit fetched them again, from DRAM at long sequences (a
+// head's Q, dO and dQ copy are 24 MiB in fp32 at 16k, one sweep per worker).
 
-// The bf16 operands of the key pass on AMX tiles (amx_key_block); B
-// operands hold bf16 pairs in 32-bit words, A operands bf16 rows.
-struct AmxBackwardScratch {
-  AlignedFloats k_by_d, v_by_d, k_by_key, q_rows, do_rows, p_t, ds_t, ds, do_by_q, q_by_q, dq;
-  AmxBackwardScratch(index_t kBq, index_t kBkv, index_t dk, index_t dv)
-      : k_by_d(dk / 2 * kBkv),
-        v_by_d(dv / 2 * kBkv),
-        k_by_key(kBkv / 2 * dk),
-        q_rows(kBq * dk / 2),
+inline constexpr index_t kKeyTilesPerSweep = 8;
+
+// The AMX operands of one kv-tile: B operands, bf16 pairs in 32-bit words.
+struct AmxKeyOperands {
+  AlignedFloats k_by_d, v_by_d, k_by_key;
+  AmxKeyOperands(index_t kBkv, index_t dk, index_t dv)
+      : k_by_d(dk / 2 * kBkv), v_by_d(dv / 2 * kBkv), k_by_key(kBkv / 2 * dk) {}
+};
+
+// The AMX operands of one q-tile and of a visit; A operands hold bf16 rows.
+struct AmxVisitScratch {
+  AlignedFloats q_rows, do_rows, p_t, ds_t, ds, do_by_q, q_by_q, dq;
+  AmxVisitScratch(index_t kBq, index_t kBkv, index_t dk, index_t dv)
+      : q_rows(kBq * dk / 2),
         do_rows(kBq * dv / 2),
         p_t(kBkv * kBq / 2),
         ds_t(kBkv * kBq / 2),
@@ -272,32 +284,51 @@ struct AmxBackwardScratch {
         dq(kBq * dk) {}
 };
 
+// One kv-tile of a sweep: its K and V operands (as the pass packs them) and
+// its dK, dV accumulators.
+template <class Kernel>
+struct KeyTile {
+  static constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
+  AlignedFloats kt, vt, k_rows, v_rows, acc_k, acc_v;
+  std::unique_ptr<AmxKeyOperands> amx;  // where the key pass runs on AMX
+  RowsView k{}, v{};                    // the vector pass's K, V rows (in place or k_rows, v_rows)
+  index_t kv0 = 0, cols = 0, cols_p = 0;
+  bool seen = false;  // by some q-tile (else its dK, dV are zeros)
+
+  KeyTile(index_t dk, index_t dkp, index_t dv, index_t dvp)
+      : kt(dk * kBq), vt(dv * kBq), k_rows(kBkv * dkp), v_rows(kBkv * dvp), acc_k(kBkv * dkp), acc_v(kBkv * dvp) {}
+};
+
+// A worker's scratch: the kv-tiles of a sweep (sweep_tiles: as many as the
+// longest key task has, up to kKeyTilesPerSweep) and what a q-tile and a
+// visit use.
 template <class Kernel>
 struct BackwardScratch {
   static constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
-  AlignedFloats kt, vt, q_rows, do_rows, k_rows, v_rows, s, raw, dp, ds_t, acc_k, acc_v, lse, delta, ones;
+  std::vector<KeyTile<Kernel>> tiles;
+  AlignedFloats q_rows, do_rows, s, raw, dp, ds_t, lse, delta, ones;
   std::vector<index_t> row_q, row_head;
-  std::unique_ptr<AmxBackwardScratch> amx;  // where the key pass runs on AMX
+  std::unique_ptr<AmxVisitScratch> amx;  // where the key pass runs on AMX
 
-  BackwardScratch(index_t dk, index_t dkp, index_t dv, index_t dvp)
-      : kt(dk * kBq),
-        vt(dv * kBq),
-        q_rows(kBq * dkp),
+  BackwardScratch(index_t dk, index_t dkp, index_t dv, index_t dvp, index_t sweep_tiles, bool on_amx)
+      : q_rows(kBq * dkp),
         do_rows(kBq * dvp),
-        k_rows(kBkv * dkp),
-        v_rows(kBkv * dvp),
         s(kBq * kBq),
         raw(kBq * kBq),
         dp(kBq * kBq),
         ds_t(kBq * kBq),
-        acc_k(kBkv * dkp),
-        acc_v(kBkv * dvp),
         lse(kBq),
         delta(kBq),
         ones(kBq),
         row_q(static_cast<std::size_t>(kBq)),
         row_head(static_cast<std::size_t>(kBq)) {
     std::fill_n(ones.get(), ones.size(), 1.0f);
+    tiles.reserve(static_cast<std::size_t>(sweep_tiles));
+    for (index_t i = 0; i < sweep_tiles; ++i) {
+      tiles.emplace_back(dk, dkp, dv, dvp);
+      if (on_amx) tiles.back().amx = std::make_unique<AmxKeyOperands>(kBkv, dk, dv);
+    }
+    if (on_amx) amx = std::make_unique<AmxVisitScratch>(kBq, kBkv, dk, dv);
   }
 };
 
@@ -409,20 +440,6 @@ float* dq_rows(const BackwardCall<T, V>& c, const KeyTask& task, index_t b, inde
   return dq;
 }
 
-// A visit of the key pass: the q rows of `ref` as the tile's rows (their
-// query and head, LSE and D), and the ScoreTile over S[q][key].
-template <class Kernel, class T, class V>
-ScoreTile key_visit_tile(const BackwardCall<T, V>& c, BackwardScratch<Kernel>& sc, index_t b, index_t h, index_t q0,
-                         index_t n, const SequenceGeometry& seq, index_t kv0, index_t cols, index_t cols_p) {
-  for (index_t r = 0; r < n; ++r) {
-    sc.row_q[static_cast<std::size_t>(r)] = q0 + r;
-    sc.row_head[static_cast<std::size_t>(r)] = h;
-  }
-  load_row_stats(c.bp, c.w, c.delta, b, h, q0, n, n, sc.lse.get(), sc.delta.get());
-  return ScoreTile{sc.s.get(), Kernel::kBlockQ, cols,       cols_p, n, sc.row_q.data(), sc.row_head.data(), b,
-                   kv0,        seq.q_len,       seq.kv_len, true};
-}
-
 // The scaled scores of a key-pass visit through the variant and the mask
 // (the raw scores kept for a score hook's gradient). Key-major: the forward
 // tile's row bits (per query, one bit per key) are this layout's column bits
@@ -438,6 +455,69 @@ void transform_and_mask(const BackwardCall<T, V>& c, const ScoreTile& t, const Q
   if (ref.by_segments) mask_segments(t, *c.bp.fwd.segment_ids);
 }
 
+// What every key pass shares: the task's geometry, the q-tile whose visits
+// run now (its rows' query, head, LSE and D), a kv-tile's extent and
+// accumulators, and the ScoreTile over S[q][key] of a visit. A pass adds
+// load_tile (its K and V operands), load_q_tile (its Q and dO operands) and
+// visit (the five products).
+template <class Kernel, class T, class V>
+struct KeyPassBase {
+  static constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
+  const BackwardCall<T, V>& c;
+  const KeyTask& task;
+  BackwardScratch<Kernel>& sc;
+  const AttentionProblem<T>& p;
+  const TiledBackwardWork& w;
+  const SequenceGeometry& seq;
+  index_t b = 0;
+  index_t h = 0, q0 = 0, n = 0;  // the q-tile
+  std::int32_t q_block = 0;
+
+  KeyPassBase(const BackwardCall<T, V>& call, const KeyTask& key_task, BackwardScratch<Kernel>& scratch)
+      : c(call),
+        task(key_task),
+        sc(scratch),
+        p(call.bp.fwd),
+        w(call.w),
+        seq(call.bp.fwd.sequence(key_task.sequence)),
+        b(key_task.sequence) {}
+
+  void start_tile(const KeyBlock& block, KeyTile<Kernel>& kt) const {
+    kt.kv0 = block.kv_block * kBkv;
+    kt.cols = std::min(kBkv, seq.kv_len - kt.kv0);
+    kt.cols_p = Kernel::padded_rows(kt.cols);
+    kt.seen = block.refs_begin != block.refs_end;
+    std::fill_n(kt.acc_k.get(), kt.acc_k.size(), 0.0f);  // all rows: AMX adds whole 16-row blocks
+    std::fill_n(kt.acc_v.get(), kt.acc_v.size(), 0.0f);
+  }
+
+  void start_q_tile(index_t head, std::int32_t block) {
+    h = head;
+    q_block = block;
+    q0 = index_t{block} * kBq;
+    n = std::min(kBq, seq.q_len - q0);
+    for (index_t r = 0; r < n; ++r) {
+      sc.row_q[static_cast<std::size_t>(r)] = q0 + r;
+      sc.row_head[static_cast<std::size_t>(r)] = h;
+    }
+    load_row_stats(c.bp, w, c.delta, b, h, q0, n, n, sc.lse.get(), sc.delta.get());
+  }
+
+  ScoreTile score_tile(const KeyTile<Kernel>& kt) const {
+    return ScoreTile{sc.s.get(),         kBq, kt.cols, kt.cols_p, n,          sc.row_q.data(),
+                     sc.row_head.data(), b,   kt.kv0,  seq.q_len, seq.kv_len, true};
+  }
+
+  // This copy's dQ rows of the q-tile (dq_rows).
+  float* dq() const { return dq_rows(c, task, b, h, seq.q_len, q0, n, q_block); }
+
+  // dK (scaled: the products took unscaled Q and K) and dV of the kv-tile.
+  void store(const KeyTile<Kernel>& kt) const {
+    store_rows(c.bp.dk, b, kt.kv0, task.kv_head, kt.acc_k.get(), kt.cols, p.dk, w.dkp, c.scale);
+    store_rows(c.bp.dv, b, kt.kv0, task.kv_head, kt.acc_v.get(), kt.cols, p.dv, w.dvp, 1.0f);
+  }
+};
+
 // ---- The bf16 key pass on AMX tiles (backends/amx.hpp) ---------------------------
 //
 // The same five products with bf16 operands and fp32 accumulation, where the
@@ -452,7 +532,8 @@ void transform_and_mask(const BackwardCall<T, V>& c, const ScoreTile& t, const Q
 //   dV += P^T dO   A: P^T [key][query]     B: dO as pairs along q    [q/2][e]
 //   dK += dS^T Q   A: dS^T [key][query]    B: Q as pairs along q     [q/2][d]
 //   dQ += dS K     A: dS [query][key]      B: K as pairs along keys  [key/2][d]
-// K and V operands are packed once per kv-tile, the others once per visit.
+// K and V operands are packed once per kv-tile, Q and dO once per q-tile of
+// a sweep, P and dS once per visit.
 namespace amx_pack {
 
 inline std::uint16_t bits(const bfloat16* p) {
@@ -497,72 +578,69 @@ void rows(const Row& row, index_t n, index_t n_pad, index_t d, std::uint16_t* ou
 }  // namespace amx_pack
 
 template <class Kernel, class V>
-void amx_key_block(const BackwardCall<bfloat16, V>& c, const KeyTask& task, const KeyBlock& block,
-                   BackwardScratch<Kernel>& sc) {
-  constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
-  using amx_pack::up;
-  const AttentionProblem<bfloat16>& p = c.bp.fwd;
-  const TiledBackwardWork& w = c.w;
-  AmxBackwardScratch& ax = *sc.amx;
-  const SequenceGeometry& seq = p.sequence(task.sequence);
-  const index_t b = task.sequence, kv0 = block.kv_block * kBkv, cols = std::min(kBkv, seq.kv_len - kv0);
-  const index_t cols_p = Kernel::padded_rows(cols), cols16 = up(cols, 16), cols32 = up(cols, 32);
-  const index_t dk = p.dk, dv = p.dv;
-  const auto k_row = [&](index_t j) { return p.k_row(seq, kv0 + j, task.kv_head); };
-  const auto v_row = [&](index_t j) { return p.v_row(seq, kv0 + j, task.kv_head); };
-  auto* k_by_d = reinterpret_cast<std::uint32_t*>(ax.k_by_d.get());
-  auto* v_by_d = reinterpret_cast<std::uint32_t*>(ax.v_by_d.get());
-  auto* k_by_key = reinterpret_cast<std::uint32_t*>(ax.k_by_key.get());
-  amx_pack::pairs_along_d(k_row, cols, cols16, dk, k_by_d, kBkv);
-  amx_pack::pairs_along_d(v_row, cols, cols16, dv, v_by_d, kBkv);
-  amx_pack::pairs_along_rows(k_row, cols, cols32, dk, k_by_key);
-  std::fill_n(sc.acc_k.get(), cols16 * dk, 0.0f);
-  std::fill_n(sc.acc_v.get(), cols16 * dv, 0.0f);
-  auto* q_rows = reinterpret_cast<std::uint16_t*>(ax.q_rows.get());
-  auto* do_rows = reinterpret_cast<std::uint16_t*>(ax.do_rows.get());
-  auto* p_t = reinterpret_cast<std::uint16_t*>(ax.p_t.get());
-  auto* ds_t = reinterpret_cast<std::uint16_t*>(ax.ds_t.get());
-  auto* ds = reinterpret_cast<std::uint16_t*>(ax.ds.get());
-  auto* do_by_q = reinterpret_cast<std::uint32_t*>(ax.do_by_q.get());
-  auto* q_by_q = reinterpret_cast<std::uint32_t*>(ax.q_by_q.get());
-  constexpr std::size_t kF = sizeof(float), kH = sizeof(std::uint16_t);
-  for (std::size_t i = block.refs_begin; i < block.refs_end; ++i) {
-    const QTileRef ref = w.q_refs[i];
-    const index_t h = ref.head, q0 = index_t{ref.q_block} * kBq, n = std::min(kBq, seq.q_len - q0);
-    const index_t n16 = up(n, 16), n32 = up(n, 32);
+struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
+  using Base = KeyPassBase<Kernel, bfloat16, V>;
+  using Base::Base;
+  using Base::c, Base::task, Base::sc, Base::p, Base::seq, Base::b, Base::h, Base::q0, Base::n;
+  static constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
+  static constexpr std::size_t kF = sizeof(float), kH = sizeof(std::uint16_t);
+
+  static std::uint32_t* pairs(const AlignedFloats& a) { return reinterpret_cast<std::uint32_t*>(a.get()); }
+  static std::uint16_t* halves(const AlignedFloats& a) { return reinterpret_cast<std::uint16_t*>(a.get()); }
+
+  void load_tile(KeyTile<Kernel>& kt) const {
+    const auto k_row = [&](index_t j) { return p.k_row(seq, kt.kv0 + j, task.kv_head); };
+    const auto v_row = [&](index_t j) { return p.v_row(seq, kt.kv0 + j, task.kv_head); };
+    amx_pack::pairs_along_d(k_row, kt.cols, amx_pack::up(kt.cols, 16), p.dk, pairs(kt.amx->k_by_d), kBkv);
+    amx_pack::pairs_along_d(v_row, kt.cols, amx_pack::up(kt.cols, 16), p.dv, pairs(kt.amx->v_by_d), kBkv);
+    amx_pack::pairs_along_rows(k_row, kt.cols, amx_pack::up(kt.cols, 32), p.dk, pairs(kt.amx->k_by_key));
+  }
+
+  void load_q_tile() const {
+    const AmxVisitScratch& ax = *sc.amx;
     const auto q_row = [&](index_t r) { return p.q_row(seq, q0 + r, h); };
     const auto do_row = [&](index_t r) { return c.bp.dout.row(b, q0 + r, h); };
-    amx_pack::rows(q_row, n, n16, dk, q_rows);
-    amx_pack::rows(do_row, n, n16, dv, do_rows);
-    const ScoreTile t = key_visit_tile(c, sc, b, h, q0, n, seq, kv0, cols, cols_p);
-    amx::matmul(q_rows, dk * kH, n16, k_by_d, kBkv * kF, cols16, dk / 32, t.scores, kBq * kF, false);  // S[q][key]
+    amx_pack::rows(q_row, n, amx_pack::up(n, 16), p.dk, halves(ax.q_rows));
+    amx_pack::rows(do_row, n, amx_pack::up(n, 16), p.dv, halves(ax.do_rows));
+    amx_pack::pairs_along_rows(do_row, n, amx_pack::up(n, 32), p.dv, pairs(ax.do_by_q));
+    amx_pack::pairs_along_rows(q_row, n, amx_pack::up(n, 32), p.dk, pairs(ax.q_by_q));
+  }
+
+  void visit(const QTileRef& ref, KeyTile<Kernel>& kt) const {
+    using amx_pack::up;
+    const AmxVisitScratch& ax = *sc.amx;
+    const AmxKeyOperands& kv = *kt.amx;
+    const index_t dk = p.dk, dv = p.dv, cols = kt.cols, cols16 = up(cols, 16), cols32 = up(cols, 32);
+    const index_t n16 = up(n, 16), n32 = up(n, 32);
+    const ScoreTile t = this->score_tile(kt);
+    amx::matmul(halves(ax.q_rows), dk * kH, n16, pairs(kv.k_by_d), kBkv * kF, cols16, dk / 32, t.scores, kBq * kF,
+                false);  // S[q][key]
     for (index_t r = 0; r < n; ++r) {
-      for (index_t j = 0; j < cols_p; ++j) t.scores[r * kBq + j] *= c.scale;
+      for (index_t j = 0; j < kt.cols_p; ++j) t.scores[r * kBq + j] *= c.scale;
     }
     transform_and_mask(c, t, ref, q0, sc);
-    amx::matmul(do_rows, dv * kH, n16, v_by_d, kBkv * kF, cols16, dv / 32, sc.dp.get(), kBq * kF, false);  // dP
-    Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, cols_p, sc.lse.get(), sc.delta.get());
+    amx::matmul(halves(ax.do_rows), dv * kH, n16, pairs(kv.v_by_d), kBkv * kF, cols16, dv / 32, sc.dp.get(), kBq * kF,
+                false);  // dP
+    Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, kt.cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
-    amx::bf16_rows(t.scores, 1, kBq, cols, n, n32, cols16, p_t);  // P^T [key][query]
-    amx::bf16_rows(sc.dp.get(), 1, kBq, cols, n, n32, cols16, ds_t);
-    amx_pack::pairs_along_rows(do_row, n, n32, dv, do_by_q);
-    amx_pack::pairs_along_rows(q_row, n, n32, dk, q_by_q);
-    amx::matmul(p_t, n32 * kH, cols16, do_by_q, dv * kF, dv, n32 / 32, sc.acc_v.get(), dv * kF, true);
-    amx::matmul(ds_t, n32 * kH, cols16, q_by_q, dk * kF, dk, n32 / 32, sc.acc_k.get(), dk * kF, true);
-    amx::bf16_rows(sc.dp.get(), kBq, 1, n, cols, cols32, n16, ds);  // dS [query][key]
-    float* dq = dq_rows(c, task, b, h, seq.q_len, q0, n, ref.q_block);
+    amx::bf16_rows(t.scores, 1, kBq, cols, n, n32, cols16, halves(ax.p_t));  // P^T [key][query]
+    amx::bf16_rows(sc.dp.get(), 1, kBq, cols, n, n32, cols16, halves(ax.ds_t));
+    amx::matmul(halves(ax.p_t), n32 * kH, cols16, pairs(ax.do_by_q), dv * kF, dv, n32 / 32, kt.acc_v.get(), dv * kF,
+                true);
+    amx::matmul(halves(ax.ds_t), n32 * kH, cols16, pairs(ax.q_by_q), dk * kF, dk, n32 / 32, kt.acc_k.get(), dk * kF,
+                true);
+    amx::bf16_rows(sc.dp.get(), kBq, 1, n, cols, cols32, n16, halves(ax.ds));  // dS [query][key]
+    float* dq = this->dq();
     // Whole 16-row blocks only: rows past n belong to other tasks' tiles.
     float* target = n == n16 ? dq : ax.dq.get();
     if (target != dq) {
       std::copy_n(dq, n * dk, target);
       std::fill(target + n * dk, target + n16 * dk, 0.0f);
     }
-    amx::matmul(ds, cols32 * kH, n16, k_by_key, dk * kF, dk, cols32 / 32, target, dk * kF, true);
+    amx::matmul(halves(ax.ds), cols32 * kH, n16, pairs(kv.k_by_key), dk * kF, dk, cols32 / 32, target, dk * kF, true);
     if (target != dq) std::copy_n(target, n * dk, dq);
   }
-  store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, dk, dk, c.scale);
-  store_rows(c.bp.dv, b, kv0, task.kv_head, sc.acc_v.get(), cols, dv, dv, 1.0f);
-}
+};
 
 // ---- The bf16 key pass on pair dot products (Bf16DotTask::PairKernel) -------
 //
@@ -578,12 +656,11 @@ void amx_key_block(const BackwardCall<bfloat16, V>& c, const KeyTask& task, cons
 //   dK += dS^T Q  dS packed the same way, Q rows paired along q
 //   dQ += dS K    dS^T (transposed, then packed into [key/2][q] pairs), K
 //                 rows paired along keys [key/2][d]
-// Kt2, Vt2 and the K pairs are packed once per kv-tile, the rest once per
-// visit. Conditions (backward_arithmetic): rows contiguous along the head dim
-// (Q and dO are read in place as pairs). NaN policy as the vector path's: the
-// three accumulations skip a zero weight's non-finite value (the select
-// blocks of PairKernel::accumulate_pv), which a call whose inputs are all
-// finite never needs (accumulate_pv_finite: no scans); the same sums either way.
+// Kt2, Vt2 and the K pairs are packed once per kv-tile, the Q and dO pairs
+// once per q-tile of a sweep, P and dS once per visit. Conditions (backward_arithmetic): rows contiguous along the head
+// dim (Q and dO are read in place as pairs). NaN policy as the vector path's: the three accumulations skip a zero
+// weight's non-finite value (the select blocks of PairKernel::accumulate_pv), which a call whose inputs are all finite
+// never needs (accumulate_pv_finite: no scans); the same sums either way.
 namespace pair_pack {
 
 // out[i * stride + j] = (R_j[2i], R_j[2i+1]) for i < ceil(d / 2), j < n (the
@@ -605,46 +682,46 @@ void pairs_along_d(const Row& row, index_t n, index_t n_pad, index_t d, std::uin
 }  // namespace pair_pack
 
 template <bool kHw, class Kernel, class V>
-void pair_key_block(const BackwardCall<bfloat16, V>& c, const KeyTask& task, const KeyBlock& block,
-                    BackwardScratch<Kernel>& sc) {
+struct PairKeyPass : KeyPassBase<Kernel, bfloat16, V> {
+  using Base = KeyPassBase<Kernel, bfloat16, V>;
+  using Base::Base;
+  using Base::c, Base::task, Base::sc, Base::p, Base::w, Base::seq, Base::b, Base::h, Base::q0, Base::n;
   using Pairs = typename Bf16DotTask<Kernel>::PairKernel;
-  constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
-  const AttentionProblem<bfloat16>& p = c.bp.fwd;
-  const TiledBackwardWork& w = c.w;
-  const SequenceGeometry& seq = p.sequence(task.sequence);
-  const index_t b = task.sequence, kv0 = block.kv_block * kBkv, cols = std::min(kBkv, seq.kv_len - kv0);
-  const index_t cols_p = Kernel::padded_rows(cols), key_pairs = (cols + 1) / 2;
-  const auto k_row = [&](index_t j) { return p.k_row(seq, kv0 + j, task.kv_head); };
-  const auto v_row = [&](index_t j) { return p.v_row(seq, kv0 + j, task.kv_head); };
-  float *kt2 = sc.kt.get(), *vt2 = sc.vt.get(), *k_pairs = sc.k_rows.get();
-  pair_pack::pairs_along_d(k_row, cols, cols_p, p.dk, reinterpret_cast<std::uint32_t*>(kt2), kBq);
-  pair_pack::pairs_along_d(v_row, cols, cols_p, p.dv, reinterpret_cast<std::uint32_t*>(vt2), kBq);
-  Pairs::pack_v(k_row, 1, cols, p.dk, w.dkp, k_pairs);
-  std::fill_n(sc.acc_k.get(), cols * w.dkp, 0.0f);
-  std::fill_n(sc.acc_v.get(), cols * w.dvp, 0.0f);
-  const std::uint16_t* q_rows[kBq];
-  const std::uint16_t* do_rows[kBq];
-  for (std::size_t i = block.refs_begin; i < block.refs_end; ++i) {
-    const QTileRef ref = w.q_refs[i];
-    const index_t h = ref.head, q0 = index_t{ref.q_block} * kBq, n = std::min(kBq, seq.q_len - q0);
-    const index_t n_p = Kernel::padded_rows(n), q_pairs = (n + 1) / 2;
+  static constexpr index_t kBq = Kernel::kBlockQ;
+  const std::uint16_t* q_rows[kBq] = {};  // the q-tile's rows, read in place
+  const std::uint16_t* do_rows[kBq] = {};
+
+  void load_tile(KeyTile<Kernel>& kt) const {
+    const auto k_row = [&](index_t j) { return p.k_row(seq, kt.kv0 + j, task.kv_head); };
+    const auto v_row = [&](index_t j) { return p.v_row(seq, kt.kv0 + j, task.kv_head); };
+    pair_pack::pairs_along_d(k_row, kt.cols, kt.cols_p, p.dk, reinterpret_cast<std::uint32_t*>(kt.kt.get()), kBq);
+    pair_pack::pairs_along_d(v_row, kt.cols, kt.cols_p, p.dv, reinterpret_cast<std::uint32_t*>(kt.vt.get()), kBq);
+    Pairs::pack_v(k_row, 1, kt.cols, p.dk, w.dkp, kt.k_rows.get());  // K pairs along keys
+  }
+
+  void load_q_tile() {
     const auto q_row = [&](index_t r) { return p.q_row(seq, q0 + r, h); };
     const auto do_row = [&](index_t r) { return c.bp.dout.row(b, q0 + r, h); };
     for (index_t r = 0; r < n; ++r) {
       q_rows[r] = reinterpret_cast<const std::uint16_t*>(q_row(r));
       do_rows[r] = reinterpret_cast<const std::uint16_t*>(do_row(r));
     }
-    const ScoreTile t = key_visit_tile(c, sc, b, h, q0, n, seq, kv0, cols, cols_p);
-    Pairs::template scores<kHw>(kt2, cols_p, p.dk, q_rows, n, c.scale, t.scores);  // S[q][key], scaled
+    Pairs::pack_v(do_row, 1, n, p.dv, w.dvp, sc.do_rows.get());  // dO pairs along q
+    Pairs::pack_v(q_row, 1, n, p.dk, w.dkp, sc.q_rows.get());    // Q pairs along q
+  }
+
+  void visit(const QTileRef& ref, KeyTile<Kernel>& kt) const {
+    const index_t cols = kt.cols, cols_p = kt.cols_p, n_p = Kernel::padded_rows(n);
+    const index_t q_pairs = (n + 1) / 2, key_pairs = (cols + 1) / 2;
+    const ScoreTile t = this->score_tile(kt);
+    Pairs::template scores<kHw>(kt.kt.get(), cols_p, p.dk, q_rows, n, c.scale, t.scores);  // S[q][key], scaled
     transform_and_mask(c, t, ref, q0, sc);
-    Pairs::template scores<kHw>(vt2, cols_p, p.dv, do_rows, n, 1.0f, sc.dp.get());  // dP[q][key]
+    Pairs::template scores<kHw>(kt.vt.get(), cols_p, p.dv, do_rows, n, 1.0f, sc.dp.get());  // dP[q][key]
     Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
     Pairs::pack_transposed_pairs(sc.dp.get(), n_p, cols, sc.ds_t.get());  // dS^T -> [key/2][q], before dS is packed
     Pairs::pack_p(t.scores, n, cols_p);                                   // P   -> [q/2][key]
     Pairs::pack_p(sc.dp.get(), n, cols_p);                                // dS  -> [q/2][key]
-    Pairs::pack_v(do_row, 1, n, p.dv, w.dvp, sc.do_rows.get());
-    Pairs::pack_v(q_row, 1, n, p.dk, w.dkp, sc.q_rows.get());
     const auto accumulate = [&](const float* weights, index_t rows, index_t pairs, const float* values, index_t width,
                                 float* acc) {
       if (c.finite) {
@@ -653,75 +730,118 @@ void pair_key_block(const BackwardCall<bfloat16, V>& c, const KeyTask& task, con
         Pairs::template accumulate_pv<kHw>(weights, rows, pairs, values, width, sc.ones.get(), acc);
       }
     };
-    accumulate(t.scores, cols, q_pairs, sc.do_rows.get(), w.dvp, sc.acc_v.get());
-    accumulate(sc.dp.get(), cols, q_pairs, sc.q_rows.get(), w.dkp, sc.acc_k.get());
-    accumulate(sc.ds_t.get(), n, key_pairs, k_pairs, w.dkp, dq_rows(c, task, b, h, seq.q_len, q0, n, ref.q_block));
+    accumulate(t.scores, cols, q_pairs, sc.do_rows.get(), w.dvp, kt.acc_v.get());
+    accumulate(sc.dp.get(), cols, q_pairs, sc.q_rows.get(), w.dkp, kt.acc_k.get());
+    accumulate(sc.ds_t.get(), n, key_pairs, kt.k_rows.get(), w.dkp, this->dq());
   }
-  store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, p.dk, w.dkp, c.scale);
-  store_rows(c.bp.dv, b, kv0, task.kv_head, sc.acc_v.get(), cols, p.dv, w.dvp, 1.0f);
+};
+
+// ---- The key pass on fp32 rows, the sweep, and the passes' dispatch --------
+
+// The key pass on the kernel's fp32 tile operations: fp32 rows read in
+// place, other rows (strided, padded, or a narrower storage type) widened
+// into staging copies.
+template <class Kernel, class T, class V>
+struct VectorKeyPass : KeyPassBase<Kernel, T, V> {
+  using Base = KeyPassBase<Kernel, T, V>;
+  using Base::Base;
+  using Base::c, Base::task, Base::sc, Base::p, Base::w, Base::seq, Base::b, Base::h, Base::q0, Base::n;
+  static constexpr index_t kBq = Kernel::kBlockQ;
+  RowsView q{}, d_o{};  // the q-tile's Q and dO rows
+
+  void load_tile(KeyTile<Kernel>& kt) const {
+    kt.k = rows_of<Kernel, const T>([&](index_t j) { return p.k_row(seq, kt.kv0 + j, task.kv_head); }, kt.cols,
+                                    p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, kt.k_rows.get());
+    kt.v = rows_of<Kernel, const T>([&](index_t j) { return p.v_row(seq, kt.kv0 + j, task.kv_head); }, kt.cols,
+                                    p.v_strides.token, p.v_strides.dim, p.dv, p.dv, kt.v_rows.get());
+    transpose_rows<Kernel>(kt.k, kt.cols, kt.cols_p, p.dk, c.scale, kt.kt.get());
+    transpose_rows<Kernel>(kt.v, kt.cols, kt.cols_p, p.dv, 1.0f, kt.vt.get());
+  }
+
+  void load_q_tile() {
+    q = rows_of<Kernel, const T>([&](index_t r) { return p.q_row(seq, q0 + r, h); }, n, p.q_strides.token,
+                                 p.q_strides.dim, p.dk, w.dkp, sc.q_rows.get());
+    d_o = rows_of<Kernel, const T>([&](index_t r) { return c.bp.dout.row(b, q0 + r, h); }, n, c.bp.dout.strides.token,
+                                   c.bp.dout.strides.dim, p.dv, w.dvp, sc.do_rows.get());
+  }
+
+  void visit(const QTileRef& ref, KeyTile<Kernel>& kt) const {
+    const ScoreTile t = this->score_tile(kt);
+    Kernel::scores(kt.kt.get(), kt.cols_p, p.dk, q.rows, q.stride, n, t.scores);  // S[q][key], scaled
+    transform_and_mask(c, t, ref, q0, sc);
+    Kernel::scores(kt.vt.get(), kt.cols_p, p.dv, d_o.rows, d_o.stride, n, sc.dp.get());  // dP[q][key]
+    Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, kt.cols_p, sc.lse.get(), sc.delta.get());
+    apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
+    Kernel::accumulate_pv(t.scores, kt.cols, n, d_o.rows, d_o.stride, w.dvp, sc.ones.get(), kt.acc_v.get());
+    Kernel::accumulate_pv(sc.dp.get(), kt.cols, n, q.rows, q.stride, w.dkp, sc.ones.get(), kt.acc_k.get());
+    float* dq = this->dq();
+    transpose_rows<Kernel>({sc.dp.get(), kBq}, n, n, kt.cols, 1.0f, sc.ds_t.get());  // dS^T
+    Kernel::accumulate_pv(sc.ds_t.get(), n, kt.cols, kt.k.rows, kt.k.stride, w.dkp, sc.ones.get(), dq);
+  }
+};
+
+// One key task, a sweep of its kv-tiles at a time (as many as `tiles`
+// holds, up to kKeyTilesPerSweep): each q-tile that sees some of them is
+// loaded once and visited by each of those, in tile order. Every tile keeps
+// its own visits' order (its refs'), so its dK and dV, and each q-tile's dQ
+// share, are summed in an order the plan fixes. A tile's refs run per head
+// in increasing q-block, full tiles before partial ones, so the tiles of a
+// sweep mostly meet a q-tile together.
+template <class Pass, class Kernel>
+void sweep_key_task(Pass& pass, const TiledBackwardWork& w, const KeyTask& task, std::span<KeyTile<Kernel>> tiles) {
+  constexpr auto kMaxTiles = static_cast<std::size_t>(kKeyTilesPerSweep);
+  const std::size_t sweep = std::min(tiles.size(), kMaxTiles);
+  const auto order = [&](std::size_t ref) {
+    const QTileRef& r = w.q_refs[ref];
+    return std::pair{r.head, r.q_block};
+  };
+  for (std::size_t first = task.blocks_begin; first < task.blocks_end; first += sweep) {
+    const std::size_t count = std::min(sweep, task.blocks_end - first);
+    std::size_t next[kMaxTiles] = {}, end[kMaxTiles] = {};
+    for (std::size_t i = 0; i < count; ++i) {
+      const KeyBlock& block = w.key_blocks[first + i];
+      pass.start_tile(block, tiles[i]);
+      if (tiles[i].seen) pass.load_tile(tiles[i]);
+      next[i] = block.refs_begin;
+      end[i] = block.refs_end;
+    }
+    for (;;) {
+      bool any = false;
+      std::pair<index_t, std::int32_t> least{};
+      for (std::size_t i = 0; i < count; ++i) {
+        if (next[i] < end[i] && (!any || order(next[i]) < least)) least = order(next[i]), any = true;
+      }
+      if (!any) break;
+      pass.start_q_tile(least.first, least.second);
+      pass.load_q_tile();
+      for (std::size_t i = 0; i < count; ++i) {
+        if (next[i] < end[i] && order(next[i]) == least) pass.visit(w.q_refs[next[i]++], tiles[i]);
+      }
+    }
+    for (std::size_t i = 0; i < count; ++i) pass.store(tiles[i]);
+  }
 }
 
-// One kv-tile of a key task: dK and dV of its keys, and its share of dQ for
-// every q-tile that sees it, added into copy `copy`.
+// A key task on the arithmetic the call chose (backward_arithmetic; it
+// chose only what this target runs).
 template <class Kernel, class T, class V>
-void key_block(const BackwardCall<T, V>& c, const KeyTask& task, const KeyBlock& block, BackwardScratch<Kernel>& sc) {
-  constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
-  const AttentionProblem<T>& p = c.bp.fwd;
-  const TiledBackwardWork& w = c.w;
-  const SequenceGeometry& seq = p.sequence(task.sequence);
-  const index_t b = task.sequence, kv0 = block.kv_block * kBkv, cols = std::min(kBkv, seq.kv_len - kv0);
-  const index_t cols_p = Kernel::padded_rows(cols);
-  if (block.refs_begin == block.refs_end) {
-    std::fill_n(sc.acc_k.get(), cols * w.dkp, 0.0f);
-    std::fill_n(sc.acc_v.get(), cols * w.dvp, 0.0f);
-    store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, p.dk, w.dkp, 1.0f);
-    store_rows(c.bp.dv, b, kv0, task.kv_head, sc.acc_v.get(), cols, p.dv, w.dvp, 1.0f);
-    return;
-  }
+void key_task(const BackwardCall<T, V>& c, const KeyTask& task, BackwardScratch<Kernel>& sc) {
+  const auto sweep = [&](auto pass) { sweep_key_task(pass, c.w, task, std::span<KeyTile<Kernel>>(sc.tiles)); };
   if constexpr (std::is_same_v<T, bfloat16>) {
-    switch (c.arithmetic) {  // backward_arithmetic chose only what this target runs
+    switch (c.arithmetic) {
       case Bf16Tiles::amx:
-        return amx_key_block(c, task, block, sc);
+        return sweep(AmxKeyPass<Kernel, V>(c, task, sc));
       case Bf16Tiles::pairs:
-        if constexpr (Bf16DotTask<Kernel>::kHardwarePairs) return pair_key_block<true>(c, task, block, sc);
+        if constexpr (Bf16DotTask<Kernel>::kHardwarePairs) return sweep(PairKeyPass<true, Kernel, V>(c, task, sc));
         break;
       case Bf16Tiles::emulated_pairs:
-        if constexpr (Bf16DotTask<Kernel>::kPairs) return pair_key_block<false>(c, task, block, sc);
+        if constexpr (Bf16DotTask<Kernel>::kPairs) return sweep(PairKeyPass<false, Kernel, V>(c, task, sc));
         break;
       case Bf16Tiles::widen:
         break;
     }
   }
-  const RowsView k = rows_of<Kernel, const T>([&](index_t j) { return p.k_row(seq, kv0 + j, task.kv_head); }, cols,
-                                              p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, sc.k_rows.get());
-  const RowsView v = rows_of<Kernel, const T>([&](index_t j) { return p.v_row(seq, kv0 + j, task.kv_head); }, cols,
-                                              p.v_strides.token, p.v_strides.dim, p.dv, p.dv, sc.v_rows.get());
-  transpose_rows<Kernel>(k, cols, cols_p, p.dk, c.scale, sc.kt.get());
-  transpose_rows<Kernel>(v, cols, cols_p, p.dv, 1.0f, sc.vt.get());
-  std::fill_n(sc.acc_k.get(), cols * w.dkp, 0.0f);
-  std::fill_n(sc.acc_v.get(), cols * w.dvp, 0.0f);
-  for (std::size_t i = block.refs_begin; i < block.refs_end; ++i) {
-    const QTileRef ref = w.q_refs[i];
-    const index_t h = ref.head, q0 = index_t{ref.q_block} * kBq, n = std::min(kBq, seq.q_len - q0);
-    const RowsView q = rows_of<Kernel, const T>([&](index_t r) { return p.q_row(seq, q0 + r, h); }, n,
-                                                p.q_strides.token, p.q_strides.dim, p.dk, w.dkp, sc.q_rows.get());
-    const RowsView d_o =
-        rows_of<Kernel, const T>([&](index_t r) { return c.bp.dout.row(b, q0 + r, h); }, n, c.bp.dout.strides.token,
-                                 c.bp.dout.strides.dim, p.dv, w.dvp, sc.do_rows.get());
-    const ScoreTile t = key_visit_tile(c, sc, b, h, q0, n, seq, kv0, cols, cols_p);
-    Kernel::scores(sc.kt.get(), cols_p, p.dk, q.rows, q.stride, n, t.scores);  // S[q][key], scaled
-    transform_and_mask(c, t, ref, q0, sc);
-    Kernel::scores(sc.vt.get(), cols_p, p.dv, d_o.rows, d_o.stride, n, sc.dp.get());  // dP[q][key]
-    Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, cols_p, sc.lse.get(), sc.delta.get());
-    apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
-    Kernel::accumulate_pv(t.scores, cols, n, d_o.rows, d_o.stride, w.dvp, sc.ones.get(), sc.acc_v.get());
-    Kernel::accumulate_pv(sc.dp.get(), cols, n, q.rows, q.stride, w.dkp, sc.ones.get(), sc.acc_k.get());
-    float* dq = dq_rows(c, task, b, h, seq.q_len, q0, n, ref.q_block);
-    transpose_rows<Kernel>({sc.dp.get(), kBq}, n, n, cols, 1.0f, sc.ds_t.get());  // dS^T
-    Kernel::accumulate_pv(sc.ds_t.get(), n, cols, k.rows, k.stride, w.dkp, sc.ones.get(), dq);
-  }
-  store_rows(c.bp.dk, b, kv0, task.kv_head, sc.acc_k.get(), cols, p.dk, w.dkp, c.scale);
-  store_rows(c.bp.dv, b, kv0, task.kv_head, sc.acc_v.get(), cols, p.dv, w.dvp, 1.0f);
+  sweep(VectorKeyPass<Kernel, T, V>(c, task, sc));
 }
 
 // dQ of one q-tile of one head: scale times the sum of the copies that hold
@@ -832,8 +952,8 @@ inline bool inputs_finite(const BackwardProblem<bfloat16>& bp) {
 }
 
 // The arithmetic of this call's key pass: the backend's choice for bf16
-// (backward_tiles) where the call meets its conditions (amx_key_block's and
-// pair_key_block's, above them) and this target has it, else the vector
+// (backward_tiles) where the call meets its conditions (AmxKeyPass's and
+// PairKeyPass's, above them) and this target has it, else the vector
 // path on fp32 rows; and whether every input is finite (AMX needs it; the
 // pair dots then skip their scans).
 struct BackwardArithmetic {
@@ -878,10 +998,13 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
   const BackwardArithmetic arithmetic = backward_arithmetic<Kernel>(bp, w);
   const bool on_amx = arithmetic.tiles == Bf16Tiles::amx;
   const bool on_pairs = arithmetic.tiles == Bf16Tiles::pairs || arithmetic.tiles == Bf16Tiles::emulated_pairs;
+  std::size_t sweep_tiles = 1;
+  for (const KeyTask& task : w.key_tasks) {
+    sweep_tiles = std::max(sweep_tiles,
+                           std::min(task.blocks_end - task.blocks_begin, static_cast<std::size_t>(kKeyTilesPerSweep)));
+  }
   for (int i = 0; i < workers; ++i) {
-    scratch.emplace_back(p.dk, w.dkp, p.dv, w.dvp);
-    if (on_amx)
-      scratch.back().amx = std::make_unique<AmxBackwardScratch>(Kernel::kBlockQ, Kernel::kBlockKv, p.dk, p.dv);
+    scratch.emplace_back(p.dk, w.dkp, p.dv, w.dvp, static_cast<index_t>(sweep_tiles), on_amx);
   }
   std::vector<float> delta(static_cast<std::size_t>(w.total_rows));
   backward_rows(bp, w, variant, delta, exec);
@@ -893,9 +1016,7 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
     const KeyTask& task = w.key_tasks[static_cast<std::size_t>(w.key_order[static_cast<std::size_t>(i)])];
     if (on_amx) bf16_amx_task_count().fetch_add(1, std::memory_order_relaxed);
     if (on_pairs) bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
-    for (std::size_t blk = task.blocks_begin; blk < task.blocks_end; ++blk) {
-      key_block(call, task, w.key_blocks[blk], scratch[static_cast<std::size_t>(worker)]);
-    }
+    key_task(call, task, scratch[static_cast<std::size_t>(worker)]);
   });
   exec.parallel_for(static_cast<index_t>(w.query_tasks.size()), [&](index_t i, int worker) {
     query_task(call, w.query_tasks[static_cast<std::size_t>(i)], Kernel::kBlockQ, worker);

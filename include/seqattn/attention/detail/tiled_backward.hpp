@@ -251,9 +251,10 @@ inline TiledBackwardWork refine_backward_work(const TiledBackwardWork& w, const 
 //
 // Key pass tiles put keys on the lanes: S[q][key] = scores(Kt, Q rows), so
 // P and dS come out in the [query][key] layout accumulate_pv wants for
-// dV += P^T dO and dK += dS^T Q, and Q and dO are read as rows (in place
-// for contiguous fp32) without a transpose per visit; K^T and V^T are built
-// once per kv-tile. dQ += dS K takes dS^T, one tile transpose per visit.
+// dV += P^T dO and dK += dS^T Q, and Q and dO are read as rows (copied
+// once per q-tile, VectorKeyPass) without a transpose per visit; K^T and
+// V^T are built once per kv-tile. dQ += dS K takes dS^T, one tile
+// transpose per visit.
 //
 // A key task sweeps kKeyTilesPerSweep of its kv-tiles at once over the
 // q-tiles that see them (sweep_key_task): a q-tile's Q, dO and dQ rows are
@@ -291,7 +292,7 @@ struct KeyTile {
   static constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
   AlignedFloats kt, vt, k_rows, v_rows, acc_k, acc_v;
   std::unique_ptr<AmxKeyOperands> amx;  // where the key pass runs on AMX
-  RowsView k{}, v{};                    // the vector pass's K, V rows (in place or k_rows, v_rows)
+  RowsView k{}, v{};                    // the vector pass's K rows (k_rows), V rows (in place or v_rows)
   index_t kv0 = 0, cols = 0, cols_p = 0;
   bool seen = false;  // by some q-tile (else its dK, dV are zeros)
 
@@ -738,9 +739,12 @@ struct PairKeyPass : KeyPassBase<Kernel, bfloat16, V> {
 
 // ---- The key pass on fp32 rows, the sweep, and the passes' dispatch --------
 
-// The key pass on the kernel's fp32 tile operations: fp32 rows read in
-// place, other rows (strided, padded, or a narrower storage type) widened
-// into staging copies.
+// The key pass on the kernel's fp32 tile operations. Q, dO and K rows are
+// copied (widened where narrower) into contiguous staging rows even where
+// they could be read in place: in BSHD they lie heads * d floats apart (4 KiB
+// for 8 heads of 128), all in the same L1 sets, and the products stream a
+// tile's rows many times (Zen 5, causal 4k / 16k fp32: 250 / 3690 ms in
+// place, 221-231 / 3340-3360 ms staged). V rows feed only the transpose.
 template <class Kernel, class T, class V>
 struct VectorKeyPass : KeyPassBase<Kernel, T, V> {
   using Base = KeyPassBase<Kernel, T, V>;
@@ -750,8 +754,8 @@ struct VectorKeyPass : KeyPassBase<Kernel, T, V> {
   RowsView q{}, d_o{};  // the q-tile's Q and dO rows
 
   void load_tile(KeyTile<Kernel>& kt) const {
-    kt.k = rows_of<Kernel, const T>([&](index_t j) { return p.k_row(seq, kt.kv0 + j, task.kv_head); }, kt.cols,
-                                    p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, kt.k_rows.get());
+    kt.k = stage_rows<Kernel, const T>([&](index_t j) { return p.k_row(seq, kt.kv0 + j, task.kv_head); }, kt.cols,
+                                       p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, false, kt.k_rows.get());
     kt.v = rows_of<Kernel, const T>([&](index_t j) { return p.v_row(seq, kt.kv0 + j, task.kv_head); }, kt.cols,
                                     p.v_strides.token, p.v_strides.dim, p.dv, p.dv, kt.v_rows.get());
     transpose_rows<Kernel>(kt.k, kt.cols, kt.cols_p, p.dk, c.scale, kt.kt.get());
@@ -759,10 +763,11 @@ struct VectorKeyPass : KeyPassBase<Kernel, T, V> {
   }
 
   void load_q_tile() {
-    q = rows_of<Kernel, const T>([&](index_t r) { return p.q_row(seq, q0 + r, h); }, n, p.q_strides.token,
-                                 p.q_strides.dim, p.dk, w.dkp, sc.q_rows.get());
-    d_o = rows_of<Kernel, const T>([&](index_t r) { return c.bp.dout.row(b, q0 + r, h); }, n, c.bp.dout.strides.token,
-                                   c.bp.dout.strides.dim, p.dv, w.dvp, sc.do_rows.get());
+    q = stage_rows<Kernel, const T>([&](index_t r) { return p.q_row(seq, q0 + r, h); }, n, p.q_strides.token,
+                                    p.q_strides.dim, p.dk, w.dkp, false, sc.q_rows.get());
+    d_o =
+        stage_rows<Kernel, const T>([&](index_t r) { return c.bp.dout.row(b, q0 + r, h); }, n, c.bp.dout.strides.token,
+                                    c.bp.dout.strides.dim, p.dv, w.dvp, false, sc.do_rows.get());
   }
 
   void visit(const QTileRef& ref, KeyTile<Kernel>& kt) const {

@@ -246,6 +246,44 @@ TEST_CASE("the BlockMask carries its description's predicate", "[attention][plan
                     Contains("has neither tile bits nor an element predicate"));
 }
 
+// The forward's task order (tiled_work.hpp, order_tasks): every task once;
+// the tasks of one (sequence, K/V head) side by side, in unit order, and
+// within them longest first (rows times tiles of the task's split).
+TEST_CASE("forward tasks run per K/V head of a sequence, longest first within it", "[attention][plan]") {
+  using Kernel = backends::Scalar::Kernel;
+  const auto check = [](const auto& mask, RaggedLengths lengths, index_t heads, index_t kv_heads, int workers) {
+    AttentionShape shape;
+    shape.lengths = std::move(lengths);
+    shape.heads = heads;
+    shape.kv_heads = kv_heads;
+    shape.dk = shape.dv = 16;
+    const BlockMask bm = build_block_mask(mask, shape.lengths, heads, backends::Scalar::block_shape());
+    const detail::TiledWork w = detail::plan_tiled_work<Kernel>(shape, bm, PlanOptions{}, workers);
+    CAPTURE(shape, w.splits);
+    std::vector<int> seen(static_cast<std::size_t>(w.num_tasks()), 0);
+    for (const index_t t : w.order) ++seen[static_cast<std::size_t>(t)];
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    const auto band = [&](index_t t) {
+      const detail::WorkUnit& u = w.unit_of(t);
+      return std::pair{u.sequence, u.head0 / shape.group()};
+    };
+    const auto cost = [&](index_t t) {
+      const detail::WorkUnit& u = w.unit_of(t);
+      const index_t s = t % w.splits, n = u.num_tiles();
+      return (n * (s + 1) / w.splits - n * s / w.splits) * u.rows();
+    };
+    for (std::size_t i = 1; i < w.order.size(); ++i) {
+      const index_t a = w.order[i - 1], b = w.order[i];
+      CAPTURE(i, a, b);
+      CHECK(band(a) <= band(b));  // units are collected per sequence, then head
+      if (band(a) == band(b)) CHECK(cost(a) >= cost(b));
+    }
+  };
+  check(CausalMask{}, RaggedLengths{{700, 300, 0, 900}, {700, 300, 0, 900}}, 4, 2, 2);
+  check(SlidingWindowMask{100, 0}, RaggedLengths::uniform(2, 500, 500), 6, 3, 3);
+  check(CausalMask{Alignment::bottom_right}, RaggedLengths::uniform(3, 1, 2000), 8, 2, 4);  // decode, split over KV
+}
+
 TEST_CASE("SoftmaxState merges partial rows exactly, in any split", "[attention][softmax_state]") {
   std::mt19937 rng(131);
   std::normal_distribution<float> logit(0.0f, 4.0f);

@@ -53,6 +53,7 @@ struct WorkUnit {
   index_t head0 = 0;        // first query head
   index_t group_heads = 1;  // query heads stacked per K/V head (1, or the GQA group)
   index_t kv_groups = 1;    // K/V heads whose groups are stacked one after another
+  index_t kv_head = 0;      // the first K/V head it reads
   index_t q_block = 0;
   index_t q_begin = 0;  // sequence-local query range of this unit
   index_t q_end = 0;
@@ -139,7 +140,16 @@ void collect_units(const AttentionShape& shape, const BlockMask& bm, TiledWork& 
     if (q_len == 0) continue;
     for (index_t h0 = 0; h0 < shape.heads; h0 += group_heads * kv_groups) {
       for (index_t qb = 0; qb < bm.num_q_blocks(b); ++qb) {
-        WorkUnit u{b, h0, group_heads, kv_groups, qb, qb * kBq, std::min(q_len, (qb + 1) * kBq), w.tiles.size(), 0};
+        WorkUnit u{b,
+                   h0,
+                   group_heads,
+                   kv_groups,
+                   h0 / shape.group(),
+                   qb,
+                   qb * kBq,
+                   std::min(q_len, (qb + 1) * kBq),
+                   w.tiles.size(),
+                   0};
         for_each_listed_tile(bm, b, h0, qb, [&](TileRef t) { w.tiles.push_back(t); });
         u.tiles_end = w.tiles.size();
         u.partial_begin = u.tiles_begin + static_cast<std::size_t>(bm.num_full_blocks(b, h0, qb));
@@ -163,14 +173,31 @@ inline index_t choose_kv_splits(const std::vector<WorkUnit>& units, index_t requ
   return std::clamp<index_t>((wanted_tasks + n_units - 1) / n_units, 1, std::max<index_t>(1, max_tiles / 2));
 }
 
-// Longest tasks first: with dynamic claiming this balances causal rows.
+// The tasks of one (sequence, K/V head) together, in the units' order, and
+// longest first among them: concurrent workers read the same K and V rows,
+// which the first task brought into the last-level cache. Longest first over
+// all tasks ran every head's longest task side by side, each streaming its
+// own head's K and V (fp32 causal 4k, 8 heads: 32 MiB of K/V against a 32
+// MiB L3 on Zen 5; 91-93 ms per call, 87-88 ms in bands, the staging copies
+// of K/V rows 13 % of the time then 9 %). Each band ends with its short
+// tasks, so dynamic claiming still ends the run on short work.
 inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, index_t splits) {
   const index_t n_tasks = checked_mul(static_cast<index_t>(units.size()), splits, "plan_attention: tasks");
-  return longest_first(n_tasks, [&](index_t t) {
+  std::vector<index_t> band(static_cast<std::size_t>(units.size())), cost(static_cast<std::size_t>(n_tasks));
+  for (std::size_t i = 1; i < units.size(); ++i) {
+    const bool same = units[i].sequence == units[i - 1].sequence && units[i].kv_head == units[i - 1].kv_head;
+    band[i] = band[i - 1] + (same ? 0 : 1);
+  }
+  for (index_t t = 0; t < n_tasks; ++t) {
     const auto& u = units[static_cast<std::size_t>(t / splits)];
     const index_t s = t % splits, n = u.num_tiles();
-    return (n * (s + 1) / splits - n * s / splits) * u.rows();
+    cost[static_cast<std::size_t>(t)] = (n * (s + 1) / splits - n * s / splits) * u.rows();
+  }
+  std::vector<index_t> order = longest_first(cost);
+  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
+    return band[static_cast<std::size_t>(a / splits)] < band[static_cast<std::size_t>(b / splits)];
   });
+  return order;
 }
 
 // Column-major copies of the distinct partial tiles' bits, and each tile's

@@ -256,8 +256,9 @@ TEST_CASE("tiled backward over head dims 64 to 256, several tiles each way", "[a
 }
 
 // A key task sweeps several kv-tiles over the q-tiles that see them
-// (tiled_backward.hpp, sweep_key_task): tasks of 10 kv-tiles (one K/V head
-// each, so a single dQ copy) run a full sweep and a short one.
+// (tiled_backward.hpp, sweep_key_task): 2 sequences x 8 K/V heads are 16 key
+// groups, so one dQ copy and tasks of all 10 kv-tiles: a full sweep of 8 and
+// a short one of 2.
 TEST_CASE("tiled backward sweeps of several kv-tiles match the reference", "[attention][backward]") {
   std::mt19937 rng(463);
   const Problem x(rng, 2, 600, 640, 8, 8, 24);
@@ -340,7 +341,7 @@ TEST_CASE("the backward's key sweep visits every ref once, in each tile's order"
          {std::size_t{1}, std::size_t{3}, static_cast<std::size_t>(detail::kKeyTilesPerSweep)}) {
       CAPTURE(sweep);
       std::vector<KeyTile<Kernel>> tiles;
-      for (std::size_t i = 0; i < sweep; ++i) tiles.emplace_back(16, 16, 16, 16);
+      for (std::size_t i = 0; i < sweep; ++i) tiles.emplace_back(16, 16, 16, 16, detail::Bf16Tiles::widen);
       Recorder rec{w, {}, {}, std::vector<int>(w.q_refs.size()), std::vector<int>(w.key_blocks.size())};
       for (const detail::KeyTask& task : w.key_tasks) {
         detail::sweep_key_task(rec, w, task, std::span<KeyTile<Kernel>>(tiles));
@@ -421,14 +422,17 @@ TEST_CASE("rows no key may attend to have zero gradients", "[attention][backward
 
 TEST_CASE("tiled backward is bitwise identical for any worker count", "[attention][backward]") {
   std::mt19937 rng(439);
-  const Problem x(rng, 2, 150, 170, 8, 2, 64);
   const auto mask = CausalMask{Alignment::bottom_right};
-  const Grads one = run_backward<backends::Highway>(x, mask, variants::Softcap{5.0f}, 1);
-  for (const int workers : {2, 3}) {
-    const Grads many = run_backward<backends::Highway>(x, mask, variants::Softcap{5.0f}, workers);
-    CHECK(bitwise_equal(one.dq, many.dq));
-    CHECK(bitwise_equal(one.dk, many.dk));
-    CHECK(bitwise_equal(one.dv, many.dv));
+  // Key tasks of one or two kv-tiles (4 dQ copies), and of 10 (two sweeps, one copy).
+  for (const Problem& x : {Problem(rng, 2, 150, 170, 8, 2, 64), Problem(rng, 2, 600, 640, 8, 8, 24)}) {
+    CAPTURE(x.q_shape, x.kv_shape);
+    const Grads one = run_backward<backends::Highway>(x, mask, variants::Softcap{5.0f}, 1);
+    for (const int workers : {2, 3}) {
+      const Grads many = run_backward<backends::Highway>(x, mask, variants::Softcap{5.0f}, workers);
+      CHECK(bitwise_equal(one.dq, many.dq));
+      CHECK(bitwise_equal(one.dk, many.dk));
+      CHECK(bitwise_equal(one.dv, many.dv));
+    }
   }
 }
 
@@ -523,8 +527,10 @@ TEST_CASE("bf16 backward on AMX tiles and pair dots stays close to the reference
     for (index_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(1 + i * 3 / n);
     return v;
   };
-  for (const Shape sh : {Shape{100, 120, 4, 2, 128}, Shape{200, 200, 2, 2, 64}, Shape{37, 150, 4, 1, 96},
-                         Shape{70, 70, 3, 3, 72}, Shape{130, 90, 4, 2, 33}, Shape{9, 9, 2, 1, 80}}) {
+  // The last shape's 16 K/V heads get one dQ copy: key tasks of all 9 kv-tiles, a sweep of 8 and one of 1.
+  for (const Shape sh :
+       {Shape{100, 120, 4, 2, 128}, Shape{200, 200, 2, 2, 64}, Shape{37, 150, 4, 1, 96}, Shape{70, 70, 3, 3, 72},
+        Shape{130, 90, 4, 2, 33}, Shape{9, 9, 2, 1, 80}, Shape{576, 576, 16, 16, 32}}) {
     const Problem x(rng, 1, sh.sq, sh.skv, sh.heads, sh.kv_heads, sh.d);
     Tensor<bfloat16> q = to_bf16(x.q), k = to_bf16(x.k), v = to_bf16(x.v), dout = to_bf16(x.dout);
     const AttentionInputs<bfloat16> in{q.view(), k.view(), v.view()};

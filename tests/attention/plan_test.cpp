@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <utility>
@@ -247,11 +248,14 @@ TEST_CASE("the BlockMask carries its description's predicate", "[attention][plan
 }
 
 // The forward's task order (tiled_work.hpp, order_tasks): every task once;
-// the tasks of one (sequence, K/V head) side by side, in unit order, and
-// within them longest first (rows times tiles of the task's split).
+// where each (sequence, K/V head) band has at least `workers` times its
+// longest task's work, the bands side by side in unit order and longest
+// first within each (rows times tiles of the task's split), else longest
+// first over all tasks.
 TEST_CASE("forward tasks run per K/V head of a sequence, longest first within it", "[attention][plan]") {
   using Kernel = backends::Scalar::Kernel;
-  const auto check = [](const auto& mask, RaggedLengths lengths, index_t heads, index_t kv_heads, int workers) {
+  const auto check = [](const auto& mask, RaggedLengths lengths, index_t heads, index_t kv_heads, int workers,
+                        bool want_bands) {
     AttentionShape shape;
     shape.lengths = std::move(lengths);
     shape.heads = heads;
@@ -259,7 +263,7 @@ TEST_CASE("forward tasks run per K/V head of a sequence, longest first within it
     shape.dk = shape.dv = 16;
     const BlockMask bm = build_block_mask(mask, shape.lengths, heads, backends::Scalar::block_shape());
     const detail::TiledWork w = detail::plan_tiled_work<Kernel>(shape, bm, PlanOptions{}, workers);
-    CAPTURE(shape, w.splits);
+    CAPTURE(shape, w.splits, workers);
     std::vector<int> seen(static_cast<std::size_t>(w.num_tasks()), 0);
     for (const index_t t : w.order) ++seen[static_cast<std::size_t>(t)];
     CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
@@ -272,16 +276,30 @@ TEST_CASE("forward tasks run per K/V head of a sequence, longest first within it
       const index_t s = t % w.splits, n = u.num_tiles();
       return (n * (s + 1) / w.splits - n * s / w.splits) * u.rows();
     };
+    std::map<std::pair<index_t, index_t>, std::pair<index_t, index_t>> work_and_longest;
+    for (index_t t = 0; t < w.num_tasks(); ++t) {
+      auto& [work, longest] = work_and_longest[band(t)];
+      work += cost(t);
+      longest = std::max(longest, cost(t));
+    }
+    const bool bands = std::all_of(work_and_longest.begin(), work_and_longest.end(),
+                                   [&](const auto& b) { return b.second.first >= workers * b.second.second; });
+    CHECK(bands == want_bands);
     for (std::size_t i = 1; i < w.order.size(); ++i) {
       const index_t a = w.order[i - 1], b = w.order[i];
       CAPTURE(i, a, b);
-      CHECK(band(a) <= band(b));  // units are collected per sequence, then head
-      if (band(a) == band(b)) CHECK(cost(a) >= cost(b));
+      if (bands) {
+        CHECK(band(a) <= band(b));  // units are collected per sequence, then head
+        if (band(a) == band(b)) CHECK(cost(a) >= cost(b));
+      } else {
+        CHECK(cost(a) >= cost(b));
+      }
     }
   };
-  check(CausalMask{}, RaggedLengths{{700, 300, 0, 900}, {700, 300, 0, 900}}, 4, 2, 2);
-  check(SlidingWindowMask{100, 0}, RaggedLengths::uniform(2, 500, 500), 6, 3, 3);
-  check(CausalMask{Alignment::bottom_right}, RaggedLengths::uniform(3, 1, 2000), 8, 2, 4);  // decode, split over KV
+  check(CausalMask{}, RaggedLengths{{700, 300, 0, 900}, {700, 300, 0, 900}}, 4, 2, 2, true);
+  check(SlidingWindowMask{100, 0}, RaggedLengths::uniform(2, 500, 500), 6, 3, 3, true);
+  check(CausalMask{Alignment::bottom_right}, RaggedLengths::uniform(3, 1, 2000), 8, 2, 4, true);  // split over KV
+  check(CausalMask{}, RaggedLengths::uniform(1, 900, 900), 8, 8, 64, false);  // too few tasks per band for 64
 }
 
 TEST_CASE("SoftmaxState merges partial rows exactly, in any split", "[attention][softmax_state]") {

@@ -1,6 +1,7 @@
-// Longest-first ordering of work: the CPU planners (forward tasks, backward
-// key and query tasks) and the CUDA launch planner hand out the costliest
-// tasks first, so that the tail of a run is short work. Plain C++ (no
+// Longest-first ordering of work: the CPU planners (forward tasks, within
+// bands of one K/V head where that keeps the workers busy; backward key and
+// query tasks) and the CUDA launch planner hand out the costliest tasks
+// first, so that the tail of a run is short work. Plain C++ (no
 // Highway): the CUDA planner's headers are compiled by nvcc.
 #pragma once
 

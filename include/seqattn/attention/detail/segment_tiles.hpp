@@ -146,6 +146,7 @@ inline TiledWork refine_tiled_work(const TiledWork& w, const SegmentTiles& st) {
   TiledWork r;
   r.units = w.units;
   r.splits = w.splits;
+  r.workers = w.workers;
   r.stack_heads = w.stack_heads;
   r.column_tile_bytes = w.column_tile_bytes;
   r.dvp = w.dvp;
@@ -165,7 +166,7 @@ inline TiledWork refine_tiled_work(const TiledWork& w, const SegmentTiles& st) {
     u.partial_begin = partial_begin;
     u.tiles_end = r.tiles.size();
   }
-  r.order = order_tasks(r.units, r.splits);
+  r.order = order_tasks(r.units, r.splits, r.workers);
   return r;
 }
 

@@ -7,9 +7,10 @@
 //   key pass    per (sequence, K/V head, range of kv-tiles), the tiles in
 //               sweeps of kKeyTilesPerSweep: for each q-tile that sees a
 //               tile of the sweep (from the BlockMask's transpose, for every
-//               query head of the GQA group), loaded once, and each such
-//               tile: S, dP, then dV += P^T dO, dK += dS^T Q and
-//               dQ_c += dS K into copy c of an fp32 dQ, c the range's index
+//               query head of the GQA group), loaded once for the tiles that
+//               meet it together, and each such tile: S, dP, then
+//               dV += P^T dO, dK += dS^T Q and dQ_c += dS K into copy c of
+//               an fp32 dQ, c the range's index
 //   dQ pass     dQ = scale * sum over c of dQ_c, in the order of c, per
 //               (sequence, head, q-tile)
 //
@@ -33,6 +34,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -258,9 +260,11 @@ inline TiledBackwardWork refine_backward_work(const TiledBackwardWork& w, const 
 //
 // A key task sweeps kKeyTilesPerSweep of its kv-tiles at once over the
 // q-tiles that see them (sweep_key_task): a q-tile's Q, dO and dQ rows are
-// fetched and prepared once for all the kv-tiles that visit it. One kv-tile
-// at a time, every visit fetched them again, from DRAM at long sequences (a
-// head's Q, dO and dQ copy are 24 MiB in fp32 at 16k, one sweep per worker).
+// fetched and prepared once for the kv-tiles that visit it together (all of
+// them for a full tile; a causal diagonal's q-tile is met twice, as full and
+// as partial tile). One kv-tile at a time, every visit fetched them again,
+// from DRAM at long sequences (a head's Q, dO and dQ copy are 24 MiB in fp32
+// at 16k, one sweep per worker).
 
 inline constexpr index_t kKeyTilesPerSweep = 8;
 
@@ -292,17 +296,26 @@ struct KeyTile {
   static constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
   AlignedFloats kt, vt, k_rows, v_rows, acc_k, acc_v;
   std::unique_ptr<AmxKeyOperands> amx;  // where the key pass runs on AMX
-  RowsView k{}, v{};                    // the vector pass's K rows (k_rows), V rows (in place or v_rows)
+  RowsView k{};                         // the vector pass's K rows (in k_rows)
   index_t kv0 = 0, cols = 0, cols_p = 0;
   bool seen = false;  // by some q-tile (else its dK, dV are zeros)
 
-  KeyTile(index_t dk, index_t dkp, index_t dv, index_t dvp)
-      : kt(dk * kBq), vt(dv * kBq), k_rows(kBkv * dkp), v_rows(kBkv * dvp), acc_k(kBkv * dkp), acc_v(kBkv * dvp) {}
+  // The buffers the pass on `tiles` uses: fp32 rows all four, pairs no V
+  // rows, AMX its own operands.
+  KeyTile(index_t dk, index_t dkp, index_t dv, index_t dvp, Bf16Tiles tiles)
+      : kt(tiles == Bf16Tiles::amx ? 0 : dk * kBq),
+        vt(tiles == Bf16Tiles::amx ? 0 : dv * kBq),
+        k_rows(tiles == Bf16Tiles::amx ? 0 : kBkv * dkp),
+        v_rows(tiles == Bf16Tiles::widen ? kBkv * dvp : 0),
+        acc_k(kBkv * dkp),
+        acc_v(kBkv * dvp),
+        amx(tiles == Bf16Tiles::amx ? std::make_unique<AmxKeyOperands>(kBkv, dk, dv) : nullptr) {}
 };
 
 // A worker's scratch: the kv-tiles of a sweep (sweep_tiles: as many as the
 // longest key task has, up to kKeyTilesPerSweep) and what a q-tile and a
-// visit use.
+// visit use. Each worker builds its own on its first task, so the zeroing
+// and first touch of its pages run in parallel.
 template <class Kernel>
 struct BackwardScratch {
   static constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
@@ -311,7 +324,7 @@ struct BackwardScratch {
   std::vector<index_t> row_q, row_head;
   std::unique_ptr<AmxVisitScratch> amx;  // where the key pass runs on AMX
 
-  BackwardScratch(index_t dk, index_t dkp, index_t dv, index_t dvp, index_t sweep_tiles, bool on_amx)
+  BackwardScratch(index_t dk, index_t dkp, index_t dv, index_t dvp, index_t sweep_tiles, Bf16Tiles arithmetic)
       : q_rows(kBq * dkp),
         do_rows(kBq * dvp),
         s(kBq * kBq),
@@ -325,11 +338,8 @@ struct BackwardScratch {
         row_head(static_cast<std::size_t>(kBq)) {
     std::fill_n(ones.get(), ones.size(), 1.0f);
     tiles.reserve(static_cast<std::size_t>(sweep_tiles));
-    for (index_t i = 0; i < sweep_tiles; ++i) {
-      tiles.emplace_back(dk, dkp, dv, dvp);
-      if (on_amx) tiles.back().amx = std::make_unique<AmxKeyOperands>(kBkv, dk, dv);
-    }
-    if (on_amx) amx = std::make_unique<AmxVisitScratch>(kBq, kBkv, dk, dv);
+    for (index_t i = 0; i < sweep_tiles; ++i) tiles.emplace_back(dk, dkp, dv, dvp, arithmetic);
+    if (arithmetic == Bf16Tiles::amx) amx = std::make_unique<AmxVisitScratch>(kBq, kBkv, dk, dv);
   }
 };
 
@@ -483,13 +493,13 @@ struct KeyPassBase {
         seq(call.bp.fwd.sequence(key_task.sequence)),
         b(key_task.sequence) {}
 
-  void start_tile(const KeyBlock& block, KeyTile<Kernel>& kt) const {
-    kt.kv0 = block.kv_block * kBkv;
-    kt.cols = std::min(kBkv, seq.kv_len - kt.kv0);
-    kt.cols_p = Kernel::padded_rows(kt.cols);
-    kt.seen = block.refs_begin != block.refs_end;
-    std::fill_n(kt.acc_k.get(), kt.acc_k.size(), 0.0f);  // all rows: AMX adds whole 16-row blocks
-    std::fill_n(kt.acc_v.get(), kt.acc_v.size(), 0.0f);
+  void start_tile(const KeyBlock& block, KeyTile<Kernel>& tile) const {
+    tile.kv0 = block.kv_block * kBkv;
+    tile.cols = std::min(kBkv, seq.kv_len - tile.kv0);
+    tile.cols_p = Kernel::padded_rows(tile.cols);
+    tile.seen = block.refs_begin != block.refs_end;
+    std::fill_n(tile.acc_k.get(), tile.acc_k.size(), 0.0f);  // all rows: AMX adds whole 16-row blocks
+    std::fill_n(tile.acc_v.get(), tile.acc_v.size(), 0.0f);
   }
 
   void start_q_tile(index_t head, std::int32_t block) {
@@ -504,18 +514,18 @@ struct KeyPassBase {
     load_row_stats(c.bp, w, c.delta, b, h, q0, n, n, sc.lse.get(), sc.delta.get());
   }
 
-  ScoreTile score_tile(const KeyTile<Kernel>& kt) const {
-    return ScoreTile{sc.s.get(),         kBq, kt.cols, kt.cols_p, n,          sc.row_q.data(),
-                     sc.row_head.data(), b,   kt.kv0,  seq.q_len, seq.kv_len, true};
+  ScoreTile score_tile(const KeyTile<Kernel>& tile) const {
+    return ScoreTile{sc.s.get(),         kBq, tile.cols, tile.cols_p, n,          sc.row_q.data(),
+                     sc.row_head.data(), b,   tile.kv0,  seq.q_len,   seq.kv_len, true};
   }
 
   // This copy's dQ rows of the q-tile (dq_rows).
   float* dq() const { return dq_rows(c, task, b, h, seq.q_len, q0, n, q_block); }
 
   // dK (scaled: the products took unscaled Q and K) and dV of the kv-tile.
-  void store(const KeyTile<Kernel>& kt) const {
-    store_rows(c.bp.dk, b, kt.kv0, task.kv_head, kt.acc_k.get(), kt.cols, p.dk, w.dkp, c.scale);
-    store_rows(c.bp.dv, b, kt.kv0, task.kv_head, kt.acc_v.get(), kt.cols, p.dv, w.dvp, 1.0f);
+  void store(const KeyTile<Kernel>& tile) const {
+    store_rows(c.bp.dk, b, tile.kv0, task.kv_head, tile.acc_k.get(), tile.cols, p.dk, w.dkp, c.scale);
+    store_rows(c.bp.dv, b, tile.kv0, task.kv_head, tile.acc_v.get(), tile.cols, p.dv, w.dvp, 1.0f);
   }
 };
 
@@ -589,12 +599,12 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
   static std::uint32_t* pairs(const AlignedFloats& a) { return reinterpret_cast<std::uint32_t*>(a.get()); }
   static std::uint16_t* halves(const AlignedFloats& a) { return reinterpret_cast<std::uint16_t*>(a.get()); }
 
-  void load_tile(KeyTile<Kernel>& kt) const {
-    const auto k_row = [&](index_t j) { return p.k_row(seq, kt.kv0 + j, task.kv_head); };
-    const auto v_row = [&](index_t j) { return p.v_row(seq, kt.kv0 + j, task.kv_head); };
-    amx_pack::pairs_along_d(k_row, kt.cols, amx_pack::up(kt.cols, 16), p.dk, pairs(kt.amx->k_by_d), kBkv);
-    amx_pack::pairs_along_d(v_row, kt.cols, amx_pack::up(kt.cols, 16), p.dv, pairs(kt.amx->v_by_d), kBkv);
-    amx_pack::pairs_along_rows(k_row, kt.cols, amx_pack::up(kt.cols, 32), p.dk, pairs(kt.amx->k_by_key));
+  void load_tile(KeyTile<Kernel>& tile) const {
+    const auto k_row = [&](index_t j) { return p.k_row(seq, tile.kv0 + j, task.kv_head); };
+    const auto v_row = [&](index_t j) { return p.v_row(seq, tile.kv0 + j, task.kv_head); };
+    amx_pack::pairs_along_d(k_row, tile.cols, amx_pack::up(tile.cols, 16), p.dk, pairs(tile.amx->k_by_d), kBkv);
+    amx_pack::pairs_along_d(v_row, tile.cols, amx_pack::up(tile.cols, 16), p.dv, pairs(tile.amx->v_by_d), kBkv);
+    amx_pack::pairs_along_rows(k_row, tile.cols, amx_pack::up(tile.cols, 32), p.dk, pairs(tile.amx->k_by_key));
   }
 
   void load_q_tile() const {
@@ -607,28 +617,28 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
     amx_pack::pairs_along_rows(q_row, n, amx_pack::up(n, 32), p.dk, pairs(ax.q_by_q));
   }
 
-  void visit(const QTileRef& ref, KeyTile<Kernel>& kt) const {
+  void visit(const QTileRef& ref, KeyTile<Kernel>& tile) const {
     using amx_pack::up;
     const AmxVisitScratch& ax = *sc.amx;
-    const AmxKeyOperands& kv = *kt.amx;
-    const index_t dk = p.dk, dv = p.dv, cols = kt.cols, cols16 = up(cols, 16), cols32 = up(cols, 32);
+    const AmxKeyOperands& kv = *tile.amx;
+    const index_t dk = p.dk, dv = p.dv, cols = tile.cols, cols16 = up(cols, 16), cols32 = up(cols, 32);
     const index_t n16 = up(n, 16), n32 = up(n, 32);
-    const ScoreTile t = this->score_tile(kt);
+    const ScoreTile t = this->score_tile(tile);
     amx::matmul(halves(ax.q_rows), dk * kH, n16, pairs(kv.k_by_d), kBkv * kF, cols16, dk / 32, t.scores, kBq * kF,
                 false);  // S[q][key]
     for (index_t r = 0; r < n; ++r) {
-      for (index_t j = 0; j < kt.cols_p; ++j) t.scores[r * kBq + j] *= c.scale;
+      for (index_t j = 0; j < tile.cols_p; ++j) t.scores[r * kBq + j] *= c.scale;
     }
     transform_and_mask(c, t, ref, q0, sc);
     amx::matmul(halves(ax.do_rows), dv * kH, n16, pairs(kv.v_by_d), kBkv * kF, cols16, dv / 32, sc.dp.get(), kBq * kF,
                 false);  // dP
-    Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, kt.cols_p, sc.lse.get(), sc.delta.get());
+    Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, tile.cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
     amx::bf16_rows(t.scores, 1, kBq, cols, n, n32, cols16, halves(ax.p_t));  // P^T [key][query]
     amx::bf16_rows(sc.dp.get(), 1, kBq, cols, n, n32, cols16, halves(ax.ds_t));
-    amx::matmul(halves(ax.p_t), n32 * kH, cols16, pairs(ax.do_by_q), dv * kF, dv, n32 / 32, kt.acc_v.get(), dv * kF,
+    amx::matmul(halves(ax.p_t), n32 * kH, cols16, pairs(ax.do_by_q), dv * kF, dv, n32 / 32, tile.acc_v.get(), dv * kF,
                 true);
-    amx::matmul(halves(ax.ds_t), n32 * kH, cols16, pairs(ax.q_by_q), dk * kF, dk, n32 / 32, kt.acc_k.get(), dk * kF,
+    amx::matmul(halves(ax.ds_t), n32 * kH, cols16, pairs(ax.q_by_q), dk * kF, dk, n32 / 32, tile.acc_k.get(), dk * kF,
                 true);
     amx::bf16_rows(sc.dp.get(), kBq, 1, n, cols, cols32, n16, halves(ax.ds));  // dS [query][key]
     float* dq = this->dq();
@@ -658,10 +668,12 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
 //   dQ += dS K    dS^T (transposed, then packed into [key/2][q] pairs), K
 //                 rows paired along keys [key/2][d]
 // Kt2, Vt2 and the K pairs are packed once per kv-tile, the Q and dO pairs
-// once per q-tile of a sweep, P and dS once per visit. Conditions (backward_arithmetic): rows contiguous along the head
-// dim (Q and dO are read in place as pairs). NaN policy as the vector path's: the three accumulations skip a zero
-// weight's non-finite value (the select blocks of PairKernel::accumulate_pv), which a call whose inputs are all finite
-// never needs (accumulate_pv_finite: no scans); the same sums either way.
+// once per q-tile of a sweep, P and dS once per visit. Conditions
+// (backward_arithmetic): rows contiguous along the head dim (Q and dO are
+// read in place as pairs). NaN policy as the vector path's: the three
+// accumulations skip a zero weight's non-finite value (the select blocks of
+// PairKernel::accumulate_pv), which a call whose inputs are all finite never
+// needs (accumulate_pv_finite: no scans); the same sums either way.
 namespace pair_pack {
 
 // out[i * stride + j] = (R_j[2i], R_j[2i+1]) for i < ceil(d / 2), j < n (the
@@ -692,12 +704,12 @@ struct PairKeyPass : KeyPassBase<Kernel, bfloat16, V> {
   const std::uint16_t* q_rows[kBq] = {};  // the q-tile's rows, read in place
   const std::uint16_t* do_rows[kBq] = {};
 
-  void load_tile(KeyTile<Kernel>& kt) const {
-    const auto k_row = [&](index_t j) { return p.k_row(seq, kt.kv0 + j, task.kv_head); };
-    const auto v_row = [&](index_t j) { return p.v_row(seq, kt.kv0 + j, task.kv_head); };
-    pair_pack::pairs_along_d(k_row, kt.cols, kt.cols_p, p.dk, reinterpret_cast<std::uint32_t*>(kt.kt.get()), kBq);
-    pair_pack::pairs_along_d(v_row, kt.cols, kt.cols_p, p.dv, reinterpret_cast<std::uint32_t*>(kt.vt.get()), kBq);
-    Pairs::pack_v(k_row, 1, kt.cols, p.dk, w.dkp, kt.k_rows.get());  // K pairs along keys
+  void load_tile(KeyTile<Kernel>& tile) const {
+    const auto k_row = [&](index_t j) { return p.k_row(seq, tile.kv0 + j, task.kv_head); };
+    const auto v_row = [&](index_t j) { return p.v_row(seq, tile.kv0 + j, task.kv_head); };
+    pair_pack::pairs_along_d(k_row, tile.cols, tile.cols_p, p.dk, reinterpret_cast<std::uint32_t*>(tile.kt.get()), kBq);
+    pair_pack::pairs_along_d(v_row, tile.cols, tile.cols_p, p.dv, reinterpret_cast<std::uint32_t*>(tile.vt.get()), kBq);
+    Pairs::pack_v(k_row, 1, tile.cols, p.dk, w.dkp, tile.k_rows.get());  // K pairs along keys
   }
 
   void load_q_tile() {
@@ -711,13 +723,13 @@ struct PairKeyPass : KeyPassBase<Kernel, bfloat16, V> {
     Pairs::pack_v(q_row, 1, n, p.dk, w.dkp, sc.q_rows.get());    // Q pairs along q
   }
 
-  void visit(const QTileRef& ref, KeyTile<Kernel>& kt) const {
-    const index_t cols = kt.cols, cols_p = kt.cols_p, n_p = Kernel::padded_rows(n);
+  void visit(const QTileRef& ref, KeyTile<Kernel>& tile) const {
+    const index_t cols = tile.cols, cols_p = tile.cols_p, n_p = Kernel::padded_rows(n);
     const index_t q_pairs = (n + 1) / 2, key_pairs = (cols + 1) / 2;
-    const ScoreTile t = this->score_tile(kt);
-    Pairs::template scores<kHw>(kt.kt.get(), cols_p, p.dk, q_rows, n, c.scale, t.scores);  // S[q][key], scaled
+    const ScoreTile t = this->score_tile(tile);
+    Pairs::template scores<kHw>(tile.kt.get(), cols_p, p.dk, q_rows, n, c.scale, t.scores);  // S[q][key], scaled
     transform_and_mask(c, t, ref, q0, sc);
-    Pairs::template scores<kHw>(kt.vt.get(), cols_p, p.dv, do_rows, n, 1.0f, sc.dp.get());  // dP[q][key]
+    Pairs::template scores<kHw>(tile.vt.get(), cols_p, p.dv, do_rows, n, 1.0f, sc.dp.get());  // dP[q][key]
     Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
     Pairs::pack_transposed_pairs(sc.dp.get(), n_p, cols, sc.ds_t.get());  // dS^T -> [key/2][q], before dS is packed
@@ -731,9 +743,9 @@ struct PairKeyPass : KeyPassBase<Kernel, bfloat16, V> {
         Pairs::template accumulate_pv<kHw>(weights, rows, pairs, values, width, sc.ones.get(), acc);
       }
     };
-    accumulate(t.scores, cols, q_pairs, sc.do_rows.get(), w.dvp, kt.acc_v.get());
-    accumulate(sc.dp.get(), cols, q_pairs, sc.q_rows.get(), w.dkp, kt.acc_k.get());
-    accumulate(sc.ds_t.get(), n, key_pairs, kt.k_rows.get(), w.dkp, this->dq());
+    accumulate(t.scores, cols, q_pairs, sc.do_rows.get(), w.dvp, tile.acc_v.get());
+    accumulate(sc.dp.get(), cols, q_pairs, sc.q_rows.get(), w.dkp, tile.acc_k.get());
+    accumulate(sc.ds_t.get(), n, key_pairs, tile.k_rows.get(), w.dkp, this->dq());
   }
 };
 
@@ -753,13 +765,14 @@ struct VectorKeyPass : KeyPassBase<Kernel, T, V> {
   static constexpr index_t kBq = Kernel::kBlockQ;
   RowsView q{}, d_o{};  // the q-tile's Q and dO rows
 
-  void load_tile(KeyTile<Kernel>& kt) const {
-    kt.k = stage_rows<Kernel, const T>([&](index_t j) { return p.k_row(seq, kt.kv0 + j, task.kv_head); }, kt.cols,
-                                       p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, false, kt.k_rows.get());
-    kt.v = rows_of<Kernel, const T>([&](index_t j) { return p.v_row(seq, kt.kv0 + j, task.kv_head); }, kt.cols,
-                                    p.v_strides.token, p.v_strides.dim, p.dv, p.dv, kt.v_rows.get());
-    transpose_rows<Kernel>(kt.k, kt.cols, kt.cols_p, p.dk, c.scale, kt.kt.get());
-    transpose_rows<Kernel>(kt.v, kt.cols, kt.cols_p, p.dv, 1.0f, kt.vt.get());
+  void load_tile(KeyTile<Kernel>& tile) const {
+    tile.k = stage_rows<Kernel, const T>([&](index_t j) { return p.k_row(seq, tile.kv0 + j, task.kv_head); }, tile.cols,
+                                         p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, false, tile.k_rows.get());
+    const RowsView v =
+        rows_of<Kernel, const T>([&](index_t j) { return p.v_row(seq, tile.kv0 + j, task.kv_head); }, tile.cols,
+                                 p.v_strides.token, p.v_strides.dim, p.dv, p.dv, tile.v_rows.get());
+    transpose_rows<Kernel>(tile.k, tile.cols, tile.cols_p, p.dk, c.scale, tile.kt.get());
+    transpose_rows<Kernel>(v, tile.cols, tile.cols_p, p.dv, 1.0f, tile.vt.get());
   }
 
   void load_q_tile() {
@@ -770,24 +783,24 @@ struct VectorKeyPass : KeyPassBase<Kernel, T, V> {
                                     c.bp.dout.strides.dim, p.dv, w.dvp, false, sc.do_rows.get());
   }
 
-  void visit(const QTileRef& ref, KeyTile<Kernel>& kt) const {
-    const ScoreTile t = this->score_tile(kt);
-    Kernel::scores(kt.kt.get(), kt.cols_p, p.dk, q.rows, q.stride, n, t.scores);  // S[q][key], scaled
+  void visit(const QTileRef& ref, KeyTile<Kernel>& tile) const {
+    const ScoreTile t = this->score_tile(tile);
+    Kernel::scores(tile.kt.get(), tile.cols_p, p.dk, q.rows, q.stride, n, t.scores);  // S[q][key], scaled
     transform_and_mask(c, t, ref, q0, sc);
-    Kernel::scores(kt.vt.get(), kt.cols_p, p.dv, d_o.rows, d_o.stride, n, sc.dp.get());  // dP[q][key]
-    Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, kt.cols_p, sc.lse.get(), sc.delta.get());
+    Kernel::scores(tile.vt.get(), tile.cols_p, p.dv, d_o.rows, d_o.stride, n, sc.dp.get());  // dP[q][key]
+    Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, tile.cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
-    Kernel::accumulate_pv(t.scores, kt.cols, n, d_o.rows, d_o.stride, w.dvp, sc.ones.get(), kt.acc_v.get());
-    Kernel::accumulate_pv(sc.dp.get(), kt.cols, n, q.rows, q.stride, w.dkp, sc.ones.get(), kt.acc_k.get());
+    Kernel::accumulate_pv(t.scores, tile.cols, n, d_o.rows, d_o.stride, w.dvp, sc.ones.get(), tile.acc_v.get());
+    Kernel::accumulate_pv(sc.dp.get(), tile.cols, n, q.rows, q.stride, w.dkp, sc.ones.get(), tile.acc_k.get());
     float* dq = this->dq();
-    transpose_rows<Kernel>({sc.dp.get(), kBq}, n, n, kt.cols, 1.0f, sc.ds_t.get());  // dS^T
-    Kernel::accumulate_pv(sc.ds_t.get(), n, kt.cols, kt.k.rows, kt.k.stride, w.dkp, sc.ones.get(), dq);
+    transpose_rows<Kernel>({sc.dp.get(), kBq}, n, n, tile.cols, 1.0f, sc.ds_t.get());  // dS^T
+    Kernel::accumulate_pv(sc.ds_t.get(), n, tile.cols, tile.k.rows, tile.k.stride, w.dkp, sc.ones.get(), dq);
   }
 };
 
 // One key task, a sweep of its kv-tiles at a time (as many as `tiles`
 // holds, up to kKeyTilesPerSweep): each q-tile that sees some of them is
-// loaded once and visited by each of those, in tile order. Every tile keeps
+// loaded and visited by each of those, in tile order. Every tile keeps
 // its own visits' order (its refs'), so its dK and dV, and each q-tile's dQ
 // share, are summed in an order the plan fixes. A tile's refs run per head
 // in increasing q-block, full tiles before partial ones, so the tiles of a
@@ -814,7 +827,10 @@ void sweep_key_task(Pass& pass, const TiledBackwardWork& w, const KeyTask& task,
       bool any = false;
       std::pair<index_t, std::int32_t> least{};
       for (std::size_t i = 0; i < count; ++i) {
-        if (next[i] < end[i] && (!any || order(next[i]) < least)) least = order(next[i]), any = true;
+        if (next[i] < end[i] && (!any || order(next[i]) < least)) {
+          least = order(next[i]);
+          any = true;
+        }
       }
       if (!any) break;
       pass.start_q_tile(least.first, least.second);
@@ -998,8 +1014,7 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
   }
   const TiledBackwardWork& w = p.segment_ids ? refined : planned;
   const int workers = std::max(1, exec.workers());
-  std::vector<BackwardScratch<Kernel>> scratch;
-  scratch.reserve(static_cast<std::size_t>(workers));
+  std::vector<std::optional<BackwardScratch<Kernel>>> scratch(static_cast<std::size_t>(workers));
   const BackwardArithmetic arithmetic = backward_arithmetic<Kernel>(bp, w);
   const bool on_amx = arithmetic.tiles == Bf16Tiles::amx;
   const bool on_pairs = arithmetic.tiles == Bf16Tiles::pairs || arithmetic.tiles == Bf16Tiles::emulated_pairs;
@@ -1007,9 +1022,6 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
   for (const KeyTask& task : w.key_tasks) {
     sweep_tiles = std::max(sweep_tiles,
                            std::min(task.blocks_end - task.blocks_begin, static_cast<std::size_t>(kKeyTilesPerSweep)));
-  }
-  for (int i = 0; i < workers; ++i) {
-    scratch.emplace_back(p.dk, w.dkp, p.dv, w.dvp, static_cast<index_t>(sweep_tiles), on_amx);
   }
   std::vector<float> delta(static_cast<std::size_t>(w.total_rows));
   backward_rows(bp, w, variant, delta, exec);
@@ -1021,7 +1033,9 @@ void run_tiled_backward(const TiledBackwardWork& planned, const BlockMask& bm, c
     const KeyTask& task = w.key_tasks[static_cast<std::size_t>(w.key_order[static_cast<std::size_t>(i)])];
     if (on_amx) bf16_amx_task_count().fetch_add(1, std::memory_order_relaxed);
     if (on_pairs) bf16_native_task_count().fetch_add(1, std::memory_order_relaxed);
-    key_task(call, task, scratch[static_cast<std::size_t>(worker)]);
+    std::optional<BackwardScratch<Kernel>>& sc = scratch[static_cast<std::size_t>(worker)];
+    if (!sc) sc.emplace(p.dk, w.dkp, p.dv, w.dvp, static_cast<index_t>(sweep_tiles), arithmetic.tiles);
+    key_task(call, task, *sc);
   });
   exec.parallel_for(static_cast<index_t>(w.query_tasks.size()), [&](index_t i, int worker) {
     query_task(call, w.query_tasks[static_cast<std::size_t>(i)], Kernel::kBlockQ, worker);

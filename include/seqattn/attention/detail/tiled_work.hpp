@@ -75,7 +75,8 @@ struct TiledWork {
   std::vector<WorkUnit> units;
   std::vector<TileRef> tiles;
   index_t splits = 1;          // KV chunks per unit
-  std::vector<index_t> order;  // task ids, longest first; task = unit * splits + split
+  std::vector<index_t> order;  // task ids (order_tasks); task = unit * splits + split
+  index_t workers = 1;         // the plan's, for order_tasks
   bool stack_heads = false;
   // Partial tiles' bits transposed to one bit per row for each key (the
   // layout of the transposed score tile), so the kernel masks a vector of
@@ -179,24 +180,36 @@ inline index_t choose_kv_splits(const std::vector<WorkUnit>& units, index_t requ
 // all tasks ran every head's longest task side by side, each streaming its
 // own head's K and V (fp32 causal 4k, 8 heads: 32 MiB of K/V against a 32
 // MiB L3 on Zen 5; 91-93 ms per call, 87-88 ms in bands, the staging copies
-// of K/V rows 13 % of the time then 9 %). Each band ends with its short
-// tasks, so dynamic claiming still ends the run on short work.
-inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, index_t splits) {
+// of K/V rows 13 % of the time then 9 %). A band ends with its short tasks,
+// but its longest task starts only when the band does: bands are used where
+// each band keeps every worker busy for at least its longest task, else (many
+// workers, few or short tasks per band) longest first over all tasks.
+inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, index_t splits, index_t workers) {
   const index_t n_tasks = checked_mul(static_cast<index_t>(units.size()), splits, "plan_attention: tasks");
-  std::vector<index_t> band(static_cast<std::size_t>(units.size())), cost(static_cast<std::size_t>(n_tasks));
+  std::vector<std::size_t> band(units.size());
   for (std::size_t i = 1; i < units.size(); ++i) {
     const bool same = units[i].sequence == units[i - 1].sequence && units[i].kv_head == units[i - 1].kv_head;
     band[i] = band[i - 1] + (same ? 0 : 1);
   }
+  const std::size_t bands = units.empty() ? 0 : band.back() + 1;
+  std::vector<index_t> cost(static_cast<std::size_t>(n_tasks)), band_work(bands), band_longest(bands);
   for (index_t t = 0; t < n_tasks; ++t) {
     const auto& u = units[static_cast<std::size_t>(t / splits)];
     const index_t s = t % splits, n = u.num_tiles();
-    cost[static_cast<std::size_t>(t)] = (n * (s + 1) / splits - n * s / splits) * u.rows();
+    const index_t c = (n * (s + 1) / splits - n * s / splits) * u.rows();
+    const std::size_t b = band[static_cast<std::size_t>(t / splits)];
+    cost[static_cast<std::size_t>(t)] = c;
+    band_work[b] += c;
+    band_longest[b] = std::max(band_longest[b], c);
   }
   std::vector<index_t> order = longest_first(cost);
-  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
-    return band[static_cast<std::size_t>(a / splits)] < band[static_cast<std::size_t>(b / splits)];
-  });
+  bool banded = true;
+  for (std::size_t b = 0; b < bands; ++b) banded = banded && band_work[b] >= workers * band_longest[b];
+  if (banded) {
+    std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
+      return band[static_cast<std::size_t>(a / splits)] < band[static_cast<std::size_t>(b / splits)];
+    });
+  }
   return order;
 }
 
@@ -241,7 +254,8 @@ TiledWork plan_tiled_work(const AttentionShape& shape, const BlockMask& bm, cons
   w.dvp = Kernel::padded_dim(shape.dv);
   collect_units<Kernel>(shape, bm, w);
   w.splits = choose_kv_splits(w.units, options.kv_splits, workers);
-  w.order = order_tasks(w.units, w.splits);
+  w.workers = std::max(1, workers);
+  w.order = order_tasks(w.units, w.splits, w.workers);
   static_assert(kBq % kRowSpanAlign == 0);
   if (!w.stack_heads && bm.has_tile_bits() && kBq % 8 == 0 && bm.num_distinct_partial_tiles() > 0) {
     transpose_tile_bits(bm, kBq, kBkv, w);

@@ -176,4 +176,21 @@ std::pair<Tensor<T>, Tensor<float>> check_against_reference(const AttentionInput
   return {std::move(out), std::move(lse)};
 }
 
+// A shape for planning tests that run nothing: `heads` over `kv_heads`,
+// head dims 16, and the mask's BlockMask on the Scalar backend's blocks.
+struct PlanningCase {
+  AttentionShape shape;
+  BlockMask bm;
+};
+template <class M>
+PlanningCase planning_case(const M& mask, RaggedLengths lengths, index_t heads, index_t kv_heads) {
+  AttentionShape shape;
+  shape.lengths = std::move(lengths);
+  shape.heads = heads;
+  shape.kv_heads = kv_heads;
+  shape.dk = shape.dv = 16;
+  BlockMask bm = build_block_mask(mask, shape.lengths, heads, backends::Scalar::block_shape());
+  return {std::move(shape), std::move(bm)};
+}
+
 }  // namespace seqattn::testing

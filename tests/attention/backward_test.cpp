@@ -330,13 +330,8 @@ TEST_CASE("the backward's key sweep visits every ref once, in each tile's order"
   const DocumentLayout docs =
       DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(doc_ids.data(), {1, 2000}));
   const auto check = [&](const auto& mask, RaggedLengths lengths, index_t heads, index_t kv_heads, bool shares_loads) {
-    AttentionShape shape;
-    shape.lengths = std::move(lengths);
-    shape.heads = heads;
-    shape.kv_heads = kv_heads;
-    shape.dk = shape.dv = 16;
-    const BlockMask bm = build_block_mask(mask, shape.lengths, heads, backends::Scalar::block_shape());
-    const detail::TiledBackwardWork w = detail::plan_tiled_backward<Kernel>(shape, bm);
+    const PlanningCase planned = planning_case(mask, std::move(lengths), heads, kv_heads);
+    const detail::TiledBackwardWork w = detail::plan_tiled_backward<Kernel>(planned.shape, planned.bm);
     for (const std::size_t sweep :
          {std::size_t{1}, std::size_t{3}, static_cast<std::size_t>(detail::kKeyTilesPerSweep)}) {
       CAPTURE(sweep);

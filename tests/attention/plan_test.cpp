@@ -256,13 +256,9 @@ TEST_CASE("forward tasks run per K/V head of a sequence, longest first within it
   using Kernel = backends::Scalar::Kernel;
   const auto check = [](const auto& mask, RaggedLengths lengths, index_t heads, index_t kv_heads, int workers,
                         bool want_bands) {
-    AttentionShape shape;
-    shape.lengths = std::move(lengths);
-    shape.heads = heads;
-    shape.kv_heads = kv_heads;
-    shape.dk = shape.dv = 16;
-    const BlockMask bm = build_block_mask(mask, shape.lengths, heads, backends::Scalar::block_shape());
-    const detail::TiledWork w = detail::plan_tiled_work<Kernel>(shape, bm, PlanOptions{}, workers);
+    const PlanningCase planned = planning_case(mask, std::move(lengths), heads, kv_heads);
+    const AttentionShape& shape = planned.shape;
+    const detail::TiledWork w = detail::plan_tiled_work<Kernel>(shape, planned.bm, PlanOptions{}, workers);
     CAPTURE(shape, w.splits, workers);
     std::vector<int> seen(static_cast<std::size_t>(w.num_tasks()), 0);
     for (const index_t t : w.order) ++seen[static_cast<std::size_t>(t)];

@@ -298,7 +298,6 @@ struct KeyTile {
   std::unique_ptr<AmxKeyOperands> amx;  // where the key pass runs on AMX
   RowsView k{};                         // the vector pass's K rows (in k_rows)
   index_t kv0 = 0, cols = 0, cols_p = 0;
-  bool seen = false;  // by some q-tile (else its dK, dV are zeros)
 
   // The buffers the pass on `tiles` uses: fp32 rows all four, pairs no V
   // rows, AMX its own operands.
@@ -497,7 +496,6 @@ struct KeyPassBase {
     tile.kv0 = block.kv_block * kBkv;
     tile.cols = std::min(kBkv, seq.kv_len - tile.kv0);
     tile.cols_p = Kernel::padded_rows(tile.cols);
-    tile.seen = block.refs_begin != block.refs_end;
     std::fill_n(tile.acc_k.get(), tile.acc_k.size(), 0.0f);  // all rows: AMX adds whole 16-row blocks
     std::fill_n(tile.acc_v.get(), tile.acc_v.size(), 0.0f);
   }
@@ -819,7 +817,7 @@ void sweep_key_task(Pass& pass, const TiledBackwardWork& w, const KeyTask& task,
     for (std::size_t i = 0; i < count; ++i) {
       const KeyBlock& block = w.key_blocks[first + i];
       pass.start_tile(block, tiles[i]);
-      if (tiles[i].seen) pass.load_tile(tiles[i]);
+      if (block.refs_begin != block.refs_end) pass.load_tile(tiles[i]);  // else its dK, dV stay zeros
       next[i] = block.refs_begin;
       end[i] = block.refs_end;
     }

@@ -156,6 +156,7 @@ void load_query_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq, 
 struct RowsView {
   const float* rows = nullptr;
   index_t stride = 0;
+  bool staged = false;  // a copy, whose staging requested the caller's RowsAhead
 };
 
 // A staging copy requests `ahead`'s rows as it goes (the kernel then reads
@@ -177,7 +178,7 @@ RowsView stage_rows(Row row, index_t n, index_t token_stride, index_t dim_stride
     }
     std::fill(dst + width, dst + padded_width, 0.0f);
   }
-  return {buf, padded_width};
+  return {buf, padded_width, true};
 }
 
 // K (value = false) or V rows [kv0, kv0 + n) of one K/V head: stage_rows on the
@@ -185,12 +186,18 @@ RowsView stage_rows(Row row, index_t n, index_t token_stride, index_t dim_stride
 // paged cache when the tile lies in one page, e.g. pages of 64 or 256 keys),
 // else staged page run by page run, one table lookup per page the tile
 // touches: no gather copy of the cache beyond the tile being computed.
+// Row j of K (value = false) or V of one K/V head.
+template <class T>
+const T* kv_row(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, index_t j, index_t kv_head) {
+  return value ? p.v_row(seq, j, kv_head) : p.k_row(seq, j, kv_head);
+}
+
 template <class Kernel, class T>
 RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, index_t kv0,
                       index_t kv_head, index_t n, index_t width, index_t padded_width, bool in_place, float* buf,
                       const RowsAhead& ahead = {}) {
   const TensorStrides& s = value ? p.v_strides : p.k_strides;
-  auto row = [&](index_t j) { return value ? p.v_row(seq, j, kv_head) : p.k_row(seq, j, kv_head); };
+  auto row = [&](index_t j) { return kv_row(p, seq, value, j, kv_head); };
   auto rows_from = [&](index_t first) { return [&s, base = row(first)](index_t j) { return base + j * s.token; }; };
   index_t run = p.kv_run(seq, kv0);
   if (run >= n) {
@@ -201,7 +208,7 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
     stage_rows<Kernel, T>(rows_from(kv0 + j), std::min(run, n - j), s.token, s.dim, width, padded_width, false,
                           buf + j * padded_width);
   }
-  return {buf, padded_width};
+  return {buf, padded_width, true};
 }
 
 // Decode (few rows) streams K and V once at a few FLOP per byte.
@@ -239,7 +246,7 @@ template <class T>
 RowsAhead decode_rows_ahead(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, index_t kv0,
                             index_t n, index_t kv_head, index_t width, const void** ptrs) {
   const TensorStrides& s = value ? p.v_strides : p.k_strides;
-  for (index_t j = 0; j < n; ++j) ptrs[j] = value ? p.v_row(seq, kv0 + j, kv_head) : p.k_row(seq, kv0 + j, kv_head);
+  for (index_t j = 0; j < n; ++j) ptrs[j] = kv_row(p, seq, value, kv0 + j, kv_head);
   return {ptrs, n, ((width - 1) * s.dim + 1) * static_cast<index_t>(sizeof(T))};
 }
 
@@ -374,7 +381,7 @@ struct WidenedTiles {
     const RowsView k = load_kv_tile<Kernel>(p, seq, false, tile.kv_begin, kv_head, tile.cols, p.dk, p.dk, k_in_place,
                                             sc.kbuf.get(), ahead);
     Kernel::scores(sc.qt.get() + r0, tile.rows_padded, p.dk, k.rows, k.stride, tile.cols, tile.scores,
-                   k.rows == sc.kbuf.get() ? RowsAhead{} : ahead);
+                   k.staged ? RowsAhead{} : ahead);
   }
   // o = alpha o + P V, P being the tile's probabilities.
   template <class T>
@@ -384,7 +391,7 @@ struct WidenedTiles {
     const RowsView v = load_kv_tile<Kernel>(p, seq, true, tile.kv_begin, kv_head, tile.cols, p.dv, dvp, v_in_place,
                                             sc.vbuf.get(), ahead);
     Kernel::accumulate_pv(tile.scores, tile.rows, tile.cols, v.rows, v.stride, dvp, alpha, o,
-                          v.rows == sc.vbuf.get() ? RowsAhead{} : ahead);
+                          v.staged ? RowsAhead{} : ahead);
   }
 };
 

@@ -59,48 +59,55 @@ class PathScope {
   Bf16DotPath saved_;
 };
 
-// bf16 inputs and their exact fp32 copies. K may be stored with a head-dim
-// stride other than 1 (storage [B, S, D, Hkv], seen as BSHD).
+// Which input, if any, is stored with a head-dim stride other than 1
+// (storage [B, S, D, H], seen as BSHD).
+enum class DimStrided { none, k, q };
+
+// bf16 inputs and their exact fp32 copies.
 struct Case {
   index_t batch, sq, skv, heads, kv_heads, d;
   Tensor<bfloat16> q, k, v;
   Tensor<float> qf, kf, vf;
-  bool k_dim_strided = false;
+  DimStrided strided = DimStrided::none;
   Case(std::mt19937& rng, index_t batch_, index_t sq_, index_t skv_, index_t heads_, index_t kv_heads_, index_t d_,
-       bool k_dim_strided_ = false)
+       DimStrided strided_ = DimStrided::none)
       : batch(batch_),
         sq(sq_),
         skv(skv_),
         heads(heads_),
         kv_heads(kv_heads_),
         d(d_),
-        q(random_tensor<bfloat16>(detail::make_extents({batch, sq, heads, d}), rng)),
-        k(random_tensor<bfloat16>(k_dim_strided_ ? detail::make_extents({batch, skv, d, kv_heads})
-                                                 : detail::make_extents({batch, skv, kv_heads, d}),
+        q(random_tensor<bfloat16>(strided_ == DimStrided::q ? detail::make_extents({batch, sq, d, heads})
+                                                            : detail::make_extents({batch, sq, heads, d}),
+                                  rng)),
+        k(random_tensor<bfloat16>(strided_ == DimStrided::k ? detail::make_extents({batch, skv, d, kv_heads})
+                                                            : detail::make_extents({batch, skv, kv_heads, d}),
                                   rng)),
         v(random_tensor<bfloat16>(detail::make_extents({batch, skv, kv_heads, d}), rng)),
         qf(widen(q)),
         kf(widen(k)),
         vf(widen(v)),
-        k_dim_strided(k_dim_strided_) {}
+        strided(strided_) {}
   static Tensor<float> widen(const Tensor<bfloat16>& t) {
     Tensor<float> f(t.shape());
     for (index_t i = 0; i < t.size(); ++i) f.data()[i] = to_float(t.data()[i]);
     return f;
   }
+  // Q or K as BSHD: in place, or (`which` strided) over [B, S, D, H] storage.
   template <class T>
-  TensorView<const T> k_view(const Tensor<T>& t) const {
-    if (!k_dim_strided) return TensorView<const T>(t.data(), t.shape());
-    const index_t sd = kv_heads, sh = 1, ss = d * kv_heads, sb = skv * ss;
-    return TensorView<const T>(t.data(), detail::make_extents({batch, skv, kv_heads, d}),
+  TensorView<const T> view(const Tensor<T>& t, DimStrided which, index_t len, index_t h) const {
+    if (strided != which) return TensorView<const T>(t.data(), t.shape());
+    const index_t sd = h, sh = 1, ss = d * h, sb = len * ss;
+    return TensorView<const T>(t.data(), detail::make_extents({batch, len, h, d}),
                                detail::make_extents({sb, ss, sh, sd}));
   }
   AttentionInputs<bfloat16> in() const {
-    return {TensorView<const bfloat16>(q.data(), q.shape()), k_view(k),
+    return {view(q, DimStrided::q, sq, heads), view(k, DimStrided::k, skv, kv_heads),
             TensorView<const bfloat16>(v.data(), v.shape())};
   }
   AttentionInputs<float> in_f32() const {
-    return {TensorView<const float>(qf.data(), qf.shape()), k_view(kf), TensorView<const float>(vf.data(), vf.shape())};
+    return {view(qf, DimStrided::q, sq, heads), view(kf, DimStrided::k, skv, kv_heads),
+            TensorView<const float>(vf.data(), vf.shape())};
   }
   Extents out_shape() const { return detail::make_extents({batch, sq, heads, d}); }
   Extents lse_shape() const { return detail::make_extents({batch, heads, sq}); }
@@ -296,8 +303,22 @@ TEST_CASE("bf16 dot path: KV splits and odd head dims", "[bf16_dot]") {
 TEST_CASE("bf16 dot path: the widening path keeps what native does not take", "[bf16_dot]") {
   std::mt19937 rng(1305);
   SECTION("K with a head-dim stride other than 1") {
-    const Case x(rng, 1, 130, 130, 4, 2, 72, true);
+    const Case x(rng, 1, 130, 130, 4, 2, 72, DimStrided::k);
     check_case(x, CausalMask{}, variants::Default{}, false);
+  }
+}
+
+TEST_CASE("bf16 dot path: Q with a head-dim stride other than 1 is packed element by element", "[bf16_dot]") {
+  // The vector packing of Qt2 reads unit-stride rows only; the others take
+  // the element loop, on the same native path.
+  std::mt19937 rng(1310);
+  SECTION("prefill, odd head dim") {
+    const Case x(rng, 1, 130, 130, 4, 2, 33, DimStrided::q);
+    check_case(x, CausalMask{}, variants::Default{}, true);
+  }
+  SECTION("stacked GQA rows") {
+    const Case x(rng, 2, 5, 97, 16, 2, 72, DimStrided::q);
+    check_case(x, CausalMask{Alignment::bottom_right}, variants::Default{}, true);
   }
 }
 

@@ -283,7 +283,7 @@ class Buffer {
 
 // A prefetch hint over `n` rows of `base` (`stride` floats apart, `width`
 // each): what the engine hands the kernels in decode. It must change no value;
-// n other than the kernel's key count takes RowsAhead's proportional branch.
+// n other than the kernel's key count makes the AheadStream's rate uneven.
 struct AheadRows {
   std::vector<const void*> rows;
   RowsAhead hint;
@@ -377,6 +377,55 @@ void scalar_chunks(float* tile, index_t stride, index_t n, index_t rows, Fn&& fn
 
 using seqattn::index_t;
 using namespace seqattn::kernel_tests;
+
+TEST_CASE("AheadStream requests each line of its lists once, in order, at an even rate", "[kernels][ahead]") {
+  using seqattn::BasicAheadStream;
+  using seqattn::RowsAhead;
+  struct Record {
+    std::vector<const char*>* lines;
+    void operator()(const char* p) const { lines->push_back(p); }
+  };
+  alignas(64) static char memory[64 * 64];
+  const auto row_at = [](index_t i) -> const void* { return memory + 64 * i; };
+  // Rows of 256 bytes (4 lines), of 100 bytes (2 lines, the last partial), of no bytes, and an empty list.
+  std::vector<const void*> wide, narrow, nothing;
+  for (index_t j = 0; j < 5; ++j) wide.push_back(row_at(8 * j));
+  for (index_t j = 0; j < 3; ++j) narrow.push_back(row_at(48 + 2 * j));
+  for (index_t j = 0; j < 2; ++j) nothing.push_back(row_at(60 + j));
+  const RowsAhead zero_bytes{nothing.data(), 2, 0};
+  const RowsAhead second{narrow.data(), 3, 100, &zero_bytes};
+  const RowsAhead first{wide.data(), 5, 256, &second};
+  const RowsAhead head{nullptr, 0, 0, &first};  // the engine's empty head list
+  std::vector<const char*> want;
+  for (const void* row : wide) {
+    for (index_t b = 0; b < 256; b += 64) want.push_back(static_cast<const char*>(row) + b);
+  }
+  for (const void* row : narrow) {
+    for (index_t b = 0; b < 100; b += 64) want.push_back(static_cast<const char*>(row) + b);
+  }
+  const auto lines = static_cast<index_t>(want.size());
+  REQUIRE(head.lines() == lines);
+  for (const index_t steps : {index_t{1}, index_t{3}, index_t{7}, index_t{26}, index_t{64}, index_t{200}}) {
+    INFO("steps " << steps);
+    std::vector<const char*> got;
+    BasicAheadStream<Record> stream(head, steps, Record{&got});
+    std::size_t before = 0;
+    for (index_t k = 1; k <= steps; ++k) {
+      stream.step();
+      // After k steps, floor(k * lines / steps) lines: never more than one above the even share.
+      CHECK(static_cast<index_t>(got.size()) == k * lines / steps);
+      CHECK(static_cast<index_t>(got.size() - before) <= (lines + steps - 1) / steps);
+      before = got.size();
+    }
+    CHECK(got == want);
+    stream.step();  // past the loop's end: nothing is left to request
+    CHECK(got.size() == want.size());
+  }
+  std::vector<const char*> none;
+  BasicAheadStream<Record> empty_stream(RowsAhead{}, 4, Record{&none});
+  for (int k = 0; k < 6; ++k) empty_stream.step();
+  CHECK(none.empty());
+}
 
 TEST_CASE("FlashKernel is compiled for every Highway target and each supported one runs", "[kernels]") {
   const Targets& t = targets();

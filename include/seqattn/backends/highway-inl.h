@@ -232,10 +232,11 @@ struct FlashKernel {
                                     const RowsAhead& ahead) {
     const auto N = static_cast<index_t>(hn::Lanes(DT()));
     const index_t row_vecs = (rows_p + N - 1) / N;
+    AheadStream stream(ahead, (cols + kKeys - 1) / kKeys);
     for (index_t v0 = 0; v0 < row_vecs; v0 += kMaxVecs) {
       const index_t vecs = std::min<index_t>(kMaxVecs, row_vecs - v0);
       for (index_t j0 = 0; j0 < cols; j0 += kKeys) {
-        if (v0 == 0) ahead.part(j0, kKeys, cols);
+        if (v0 == 0) stream.step();
         const int keys = static_cast<int>(std::min<index_t>(kKeys, cols - j0));
         // Short key groups repeat the last key; only `keys` results are stored.
         const float* krow[kKeys];
@@ -315,8 +316,9 @@ struct FlashKernel {
     // Lane t of the stored pair of keys (j: t < 8, j + 1: t >= 8, row t % 8) from the reduced lanes.
     static constexpr std::int32_t kUnpermute[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
     const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, kUnpermute));
+    AheadStream stream(ahead, (cols + kQuadKeys - 1) / kQuadKeys);
     for (index_t j0 = 0; j0 < cols; j0 += kQuadKeys) {
-      ahead.part(j0, kQuadKeys, cols);
+      stream.step();  // once per key group, outside the dims loop: its accumulators stay in registers
       const int keys = static_cast<int>(std::min<index_t>(kQuadKeys, cols - j0));
       const float* kp[kQuadKeys];
       HWY_UNROLL(8)
@@ -675,11 +677,11 @@ struct FlashKernel {
   // 0 * V[j] (NaN policy, attention/softmax_state.hpp: 0 * NaN must not reach
   // O). Only tiles that have both a zero weight and a non-finite V element
   // take it (accumulate_pv), so the usual tile pays for the two scans only.
-  // ahead: null, or rows to request over this block's keys (RowsAhead).
+  // stream: null, or the rows ahead, stepped once per key.
   template <int kRows, int kVecs, bool kSelect>
   static HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt, index_t cols, const float* HWY_RESTRICT v,
                                  index_t v_stride, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o, index_t dvp,
-                                 const RowsAhead* ahead) {
+                                 AheadStream* stream) {
     const D d;
     const auto N = static_cast<index_t>(hn::Lanes(d));
     V acc[kRows][kVecs];
@@ -690,7 +692,7 @@ struct FlashKernel {
       for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::Mul(a, hn::Load(d, o + r * dvp + e * N));
     }
     for (index_t j = 0; j < cols; ++j) {
-      if (ahead != nullptr) ahead->part(j, 1, cols);
+      if (stream != nullptr) stream->step();
       V vv[kVecs];
       HWY_UNROLL(8)
       for (int e = 0; e < kVecs; ++e) vv[e] = hn::LoadU(d, v + j * v_stride + e * N);
@@ -761,20 +763,22 @@ struct FlashKernel {
     return hn::AllFalse(d, hn::MaskFromVec(bad));
   }
 
-  // `ahead`'s rows are requested over the first block's keys.
+  // `ahead`'s rows are requested over every block's keys.
   template <bool kSelect, int kRowsMax, int kVecsMax>
   static void AccumulatePvBlocks(const float* HWY_RESTRICT pt, index_t rows, index_t cols, const float* HWY_RESTRICT v,
                                  index_t v_stride, index_t dvp, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
                                  const RowsAhead& ahead) {
     const auto N = static_cast<index_t>(hn::Lanes(D()));
     const index_t all_vecs = dvp / N;
+    const index_t blocks = (all_vecs + kVecsMax - 1) / kVecsMax * ((rows + kRowsMax - 1) / kRowsMax);
+    AheadStream stream(ahead, blocks * cols);
+    AheadStream* const requests = ahead.empty() ? nullptr : &stream;
     for (index_t e0 = 0; e0 < all_vecs; e0 += kVecsMax) {
       WithBlockSize<kVecsMax>(all_vecs - e0, [&](auto vecs) {
         for (index_t r0 = 0; r0 < rows; r0 += kRowsMax) {
           WithBlockSize<kRowsMax>(rows - r0, [&](auto block_rows) {
             PvBlock<decltype(block_rows)::value, decltype(vecs)::value, kSelect>(
-                pt + r0, cols, v + e0 * N, v_stride, alpha + r0, o + r0 * dvp + e0 * N, dvp,
-                e0 == 0 && r0 == 0 && !ahead.empty() ? &ahead : nullptr);
+                pt + r0, cols, v + e0 * N, v_stride, alpha + r0, o + r0 * dvp + e0 * N, dvp, requests);
           });
         }
       });

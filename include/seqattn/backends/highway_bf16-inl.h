@@ -626,8 +626,9 @@ struct Bf16DotKernel {
     }
     const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, K::kPairUnpermute));
     const V vscale = hn::Set(d, scale);
+    AheadStream stream(ahead, (cols + kDecodeKeys - 1) / kDecodeKeys);
     for (index_t j0 = 0; j0 < cols; j0 += kDecodeKeys) {
-      ahead.part(j0, kDecodeKeys, cols);
+      stream.step();  // once per key group, outside the dims loop: its accumulators stay in registers
       const int keys = static_cast<int>(std::min<index_t>(kDecodeKeys, cols - j0));
       const std::uint16_t* kp[kDecodeKeys];
       HWY_UNROLL(16)
@@ -705,11 +706,13 @@ struct Bf16DotKernel {
     return hn::Or(lo, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::MaskedLoad(m, d16, r1 + e))));
   }
 
-  // ahead: null, or rows to request over this block's keys (RowsAhead).
+  // stream: null, or the rows ahead, stepped once per two pairs of keys
+  // (once per pair cost 4-10 % where K and V sit in the last-level cache:
+  // GQA 8/1 over 32k keys, bf16, Zen 5).
   template <bool kHw, int kVecs, bool kSelect>
   static HWY_INLINE void DecodePvBlock(const float* HWY_RESTRICT pt2, const std::uint16_t* const* vrows, index_t cols,
                                        index_t e0, index_t dv, const float* HWY_RESTRICT alpha, float* HWY_RESTRICT o,
-                                       index_t dvp, const RowsAhead* ahead) {
+                                       index_t dvp, AheadStream* stream) {
     constexpr int kRows = static_cast<int>(K::kLanes / 2);
     const auto N = static_cast<index_t>(hn::Lanes(D()));
     V acc[kRows][kVecs];
@@ -721,7 +724,7 @@ struct Bf16DotKernel {
       dims[e] = hn::FirstN(hn::Rebind<std::uint16_t, D>(), static_cast<std::size_t>(dv - (e0 + e * N)));
     }
     for (index_t jj = 0; jj < pairs; ++jj) {
-      if (ahead != nullptr) ahead->part(2 * jj, 2, cols);
+      if (stream != nullptr && jj % 2 == 0) stream->step();
       const std::uint16_t* r0 = vrows[2 * jj];
       const std::uint16_t* r1 = 2 * jj + 1 < cols ? vrows[2 * jj + 1] : nullptr;
       VU vv[kVecs];
@@ -735,20 +738,22 @@ struct Bf16DotKernel {
   // O[r][e] = alpha[r] O[r][e] + sum_jj dot2(Pt2[jj][r], (V[2jj][e], V[2jj+1][e])), r < 8, e < dvp;
   // V read in place (vrows[j], j < cols); dims in [dv, dvp) add 0. rows: the
   // real rows (the NaN policy's zero-weight scan). `ahead`'s rows are
-  // requested over the first block of dims.
+  // requested over every block of dims.
   template <bool kHw>
   static void accumulate_pv_decode(const float* HWY_RESTRICT pt2, index_t rows, const std::uint16_t* const* vrows,
                                    index_t cols, index_t dv, index_t dvp, const float* HWY_RESTRICT alpha,
                                    float* HWY_RESTRICT o, const RowsAhead& ahead) {
     const auto N = static_cast<index_t>(hn::Lanes(D()));
-    const bool select = AnyHalfWithExponent(pt2, (cols + 1) / 2, rows, kBq, 0u) && AnyNonFiniteRows(vrows, cols, dv);
+    const index_t pairs = (cols + 1) / 2;
+    const bool select = AnyHalfWithExponent(pt2, pairs, rows, kBq, 0u) && AnyNonFiniteRows(vrows, cols, dv);
+    AheadStream stream(ahead, (dvp / N + kDecodePvVecs - 1) / kDecodePvVecs * ((pairs + 1) / 2));
+    AheadStream* const requests = ahead.empty() ? nullptr : &stream;
     for (index_t e0 = 0; e0 < dvp; e0 += kDecodePvVecs * N) {
       K::WithBlockSize<kDecodePvVecs>((dvp - e0) / N, [&](auto vecs) {
-        const RowsAhead* first = e0 == 0 && !ahead.empty() ? &ahead : nullptr;
         if (select) {
-          DecodePvBlock<kHw, decltype(vecs)::value, true>(pt2, vrows, cols, e0, dv, alpha, o, dvp, first);
+          DecodePvBlock<kHw, decltype(vecs)::value, true>(pt2, vrows, cols, e0, dv, alpha, o, dvp, requests);
         } else {
-          DecodePvBlock<kHw, decltype(vecs)::value, false>(pt2, vrows, cols, e0, dv, alpha, o, dvp, first);
+          DecodePvBlock<kHw, decltype(vecs)::value, false>(pt2, vrows, cols, e0, dv, alpha, o, dvp, requests);
         }
       });
     }

@@ -35,47 +35,40 @@
 
 namespace seqattn {
 
-// Rows of K or V that a tile kernel prefetches while it streams a tile of its
-// own, spread over its key loop: decode reads every K and V row once at a few
-// FLOP per byte, and its loads overlap its arithmetic only when the next rows
-// are requested a few KiB ahead while this tile computes, a few rows at a
-// time: the same requests in one burst at the start of a kernel call fill the
-// core's miss buffers and stall the loads behind them (measured in
-// tiled_forward.hpp's decode notes). The engine fills it in decode only
-// (tiled_forward.hpp, decode_rows_ahead).
+// Rows of K or V that a tile kernel requests from memory while it computes
+// on a tile of its own (decode: tiled_forward.hpp, decode_rows_ahead). Decode
+// reads every K and V row once at a few FLOP per byte; its loads overlap its
+// arithmetic only when the next rows are requested while this tile computes,
+// at an even rate: requests in bursts fill the core's miss buffers, and
+// the loads behind them wait (measured in tiled_forward.hpp's decode notes).
+// A kernel requests them through an AheadStream over its loop.
 struct RowsAhead {
   const void* const* rows = nullptr;  // n row pointers
   index_t n = 0;
   index_t bytes = 0;                // read from each row
-  const RowsAhead* also = nullptr;  // another list, requested over the same keys
+  const RowsAhead* also = nullptr;  // another list, requested after this one
+
+  static constexpr index_t kLine = 64;
 
   // Whether neither this list nor the ones it chains name a row.
   bool empty() const { return n == 0 && (also == nullptr || also->empty()); }
 
-  // Requests the rows that belong to keys [j, j + keys) of a loop over
-  // `cols` keys: the rows in proportion, so that the loop's end has asked
-  // for all of them; then those of `also`. Inlined: a call from a kernel's
-  // loop would spill its accumulators (every vector register is caller-saved).
-  SEQATTN_ALWAYS_INLINE void part(index_t j, index_t keys, index_t cols) const {
+  // Cache lines of this list and those it chains.
+  index_t lines() const {
+    index_t total = 0;
     for (const RowsAhead* list = this; list != nullptr; list = list->also) {
-      if (list->n == 0) continue;
-      index_t lo = j, hi = std::min(j + keys, cols);
-      if (list->n != cols) {  // a tile's rows over another's keys (the task's last): in proportion
-        lo = lo * list->n / cols;
-        hi = hi * list->n / cols;
-      }
-      for (index_t r = lo; r < hi; ++r) {
-        const char* row = static_cast<const char*>(list->rows[r]);
-        for (index_t b = 0; b < list->bytes; b += 64) prefetch_line(row + b);
-      }
+      total += list->n * ((list->bytes + kLine - 1) / kLine);
     }
+    return total;
   }
+};
 
-  // One cache line into L1. Not __builtin_prefetch: GCC 12 deletes a loop
-  // whose body is only that builtin as a loop without side effects (no
-  // prefetch instruction was left in the binary), which an asm statement
-  // with a memory operand is not.
-  SEQATTN_ALWAYS_INLINE static void prefetch_line(const char* p) {
+// One cache line into L1. Not __builtin_prefetch: GCC 12 deletes a loop
+// whose body is only that builtin as a loop without side effects (no
+// prefetch instruction was left in the binary), which an asm statement with
+// a memory operand is not.
+struct PrefetchLine {
+  SEQATTN_ALWAYS_INLINE void operator()(const char* p) const {
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
     asm volatile("prefetcht0 %0" : : "m"(*p));
 #elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
@@ -85,6 +78,59 @@ struct RowsAhead {
 #endif
   }
 };
+
+// A RowsAhead's lines, list after list and row after row, requested at an
+// even rate over a loop of `steps` iterations: step() once per iteration
+// asks for the lines due by then (lines / steps of them, one more on the
+// steps where the remainder adds up), so that the loop's last step has asked
+// for every line. Inlined, its state in a few integers, its per-line work a
+// request and an add: a call from a kernel's loop would spill the kernel's
+// accumulators (every vector register is caller-saved). Request: what asks
+// for one line (tests record them).
+template <class Request = PrefetchLine>
+class BasicAheadStream {
+ public:
+  BasicAheadStream(const RowsAhead& ahead, index_t steps, Request request = {})
+      : list_(&ahead), steps_(std::max<index_t>(steps, 1)), request_(request) {
+    const index_t lines = ahead.lines();
+    per_step_ = lines / steps_;
+    remainder_ = lines % steps_;
+    skip_empty();
+  }
+
+  SEQATTN_ALWAYS_INLINE void step() {
+    index_t n = per_step_;
+    due_ += remainder_;
+    if (due_ >= steps_) {
+      due_ -= steps_;
+      ++n;
+    }
+    while (n > 0 && list_ != nullptr) {
+      const char* row = static_cast<const char*>(list_->rows[row_]);
+      const index_t bytes = list_->bytes;
+      for (; n > 0 && byte_ < bytes; --n, byte_ += RowsAhead::kLine) request_(row + byte_);
+      if (byte_ >= bytes) {
+        byte_ = 0;
+        if (++row_ == list_->n) {
+          row_ = 0;
+          list_ = list_->also;
+          skip_empty();
+        }
+      }
+    }
+  }
+
+ private:
+  void skip_empty() {
+    while (list_ != nullptr && (list_->n == 0 || list_->bytes <= 0)) list_ = list_->also;
+  }
+
+  const RowsAhead* list_;
+  index_t row_ = 0, byte_ = 0;
+  index_t steps_, per_step_ = 0, remainder_ = 0, due_ = 0;
+  [[no_unique_address]] Request request_;
+};
+using AheadStream = BasicAheadStream<>;
 
 // transpose_rows element by element, dst rows kBlockQ floats apart: the
 // specification (ScalarKernel) and the fallback of SIMD kernels' targets

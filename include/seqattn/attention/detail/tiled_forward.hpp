@@ -159,16 +159,17 @@ struct RowsView {
   bool staged = false;  // a copy, whose staging requested the caller's RowsAhead
 };
 
-// A staging copy requests `ahead`'s rows as it goes (the kernel then reads
-// the copy); in place, the caller hands `ahead` to the kernel instead.
+// A staging copy requests the rows ahead as it goes, `stream` stepping once
+// per row (the kernel then reads the copy); in place, the caller hands the
+// rows ahead to the kernel instead.
 template <class Kernel, class T, class Row>
 RowsView stage_rows(Row row, index_t n, index_t token_stride, index_t dim_stride, index_t width, index_t padded_width,
-                    bool in_place, float* buf, const RowsAhead& ahead = {}) {
+                    bool in_place, float* buf, AheadStream* stream = nullptr) {
   if constexpr (std::is_same_v<std::remove_const_t<T>, float>) {
     if (in_place) return {row(0), token_stride};
   }
   for (index_t j = 0; j < n; ++j) {
-    ahead.part(j, 1, n);
+    if (stream != nullptr) stream->step();
     const T* src = row(j);
     float* dst = buf + j * padded_width;
     if (dim_stride == 1) {
@@ -200,13 +201,13 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
   auto row = [&](index_t j) { return kv_row(p, seq, value, j, kv_head); };
   auto rows_from = [&](index_t first) { return [&s, base = row(first)](index_t j) { return base + j * s.token; }; };
   index_t run = p.kv_run(seq, kv0);
+  AheadStream stream(ahead, n);
   if (run >= n) {
-    return stage_rows<Kernel, T>(rows_from(kv0), n, s.token, s.dim, width, padded_width, in_place, buf, ahead);
+    return stage_rows<Kernel, T>(rows_from(kv0), n, s.token, s.dim, width, padded_width, in_place, buf, &stream);
   }
   for (index_t j = 0; j < n; j += run, run = p.kv_run(seq, kv0 + j)) {  // page run by page run
-    ahead.part(j, run, n);
     stage_rows<Kernel, T>(rows_from(kv0 + j), std::min(run, n - j), s.token, s.dim, width, padded_width, false,
-                          buf + j * padded_width);
+                          buf + j * padded_width, &stream);
   }
   return {buf, padded_width, true};
 }
@@ -217,25 +218,29 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
 //     Lake, KVM guest), 1 query, 32k keys, d = 128, 2 threads: GQA 32/4
 //     20.6 -> 15.0 ms, 8/1 4.5 -> 3.8 ms; the staging copy was the larger part
 //     of an 8-row tile's time.
-//   - Rows ahead (decode_rows_ahead, RowsAhead in backends/tile_kernel.hpp):
-//     a decode kernel's loads and its arithmetic overlap only if the rows
-//     after the ones it computes on are requested while it computes. Each K/V
-//     group's P.V requests the K and V rows of the group after it (this
-//     tile's next group, else the task's next tile's first), a distance of
-//     one group's tiles (32 KiB bf16 at d = 128); a task's first group
-//     requests its own V rows during its scores. Measured on a 2-vCPU AMD
-//     EPYC (Zen 5) VM (streaming read 33-70 GB/s with 2 threads, moving with
-//     the neighbours), bench/attention.cpp, 1 query, d = 128, 2026-11-26,
-//     against the build before (whose whole-tile prefetch loop GCC 12 had
-//     deleted: see RowsAhead::prefetch_line), GQA 32/4 over 32k keys, 2
-//     threads: bf16 5.9-6.3 -> 3.3-3.5 ms, fp32 5.1-5.2 -> 4.2-4.5 ms, fp32
-//     head-major 5.8-7.1 -> 4.1-4.4 ms; GQA 8/1 fp32 1.2-1.4 -> 0.77-0.85 ms.
-//     Requesting only the next group's K rows during P.V and a group's own V
-//     rows during its scores: bf16 3.8-4.0, fp32 4.8-4.9 ms; the same
-//     requests in one burst at the start of each kernel call: bf16 4.7-4.8
-//     ms. What it costs where K and V sit in the last-level cache (1k keys,
-//     one thread, the same call repeated): bf16 87-91 -> 96-99 us, fp32
-//     120-122 -> 146-148 us.
+//   - Rows ahead (decode_rows_ahead, RowsAhead and AheadStream in
+//     backends/tile_kernel.hpp): a decode kernel's loads and its arithmetic
+//     overlap only if the rows after the ones it computes on are requested
+//     while it computes, at an even rate. Each K/V group's scores request the
+//     next group's K rows (this tile's next group, else the task's next
+//     tile's first) and its P.V the next group's V rows, each stream spread
+//     over the kernel's whole loop; a task's first group requests its own V
+//     rows first. Measured on a 2-vCPU AMD EPYC (Zen 5) VM, 2026-11-27,
+//     bench/attention.cpp, 1 query over 32k keys, d = 128, GQA 32/4, 2
+//     threads, two alternations against the build before (which requested
+//     the next group's K and V rows together, in the first third of its P.V):
+//     bf16 2.90, 3.22 -> 1.96, 2.19 ms; fp32 5.19, 4.99 -> 4.33, 3.94 ms;
+//     fp32 head-major 4.13, 4.48 -> 3.89, 4.31 ms; 1 thread fp32 8.73, 8.63 ->
+//     7.11, 7.10 ms; paged bf16 (pages of 16) 3.89, 3.73 -> 2.68, 2.69 ms. In
+//     a faster minute of the same VM (streaming read 60-69 GB/s against 37-42
+//     then) bf16 went from 2.6-3.1 to 1.6-1.8 ms, a program calling the forward
+//     repeatedly. GQA 8/1, whose K/V stay in the last-level cache between
+//     calls, moved within the noise (bf16 0.436, 0.484 -> 0.494, 0.473 ms).
+//     Where rows are requested matters: once per pair of keys in the bf16
+//     P.V, or inside the dims loop of a score kernel, cost 4-25 % in cache.
+//     Before that, on 2026-11-26, the requests themselves (which GCC 12 had
+//     deleted from an earlier prefetch loop: see PrefetchLine) took bf16
+//     from 5.9-6.3 to 3.3-3.5 ms.
 #ifndef SEQATTN_DECODE_IN_PLACE
 #define SEQATTN_DECODE_IN_PLACE 1
 #endif
@@ -441,28 +446,31 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
       }
       const ScoreTile tile{sc.st.get() + r0,        kBq,        rows, rows_p,    keys,      sc.row_q.data() + r0,
                            sc.row_head.data() + r0, u.sequence, key0, seq.q_len, seq.kv_len};
-      // Decode: the task's first group requests its own V rows during its
-      // scores; every group's P.V the next group's K and V rows.
+      // Decode: each group's scores request the next group's K rows (this
+      // tile's next group, else the task's next tile's first), and its P.V
+      // the next group's V rows; the task's first group requests its own V
+      // rows first, during its scores.
       const void* v_rows[kBkv];
       const void* k_rows[kBkv];
+      const void* own_rows[kBkv];
       RowsAhead own_v, next_k, next_v;
-      if (!many_rows && i == first_tile && g == 0) {
-        own_v = decode_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, v_rows);
-      }
-      tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc, own_v);
-      transform_scores<Kernel>(c.variant, tile);
-      mask_tile<Kernel>(tile, c.bm, ref.tile_id, bits, kBq / 8, u.q_block * kBq);
-      if (ref.by_segments) mask_segments(tile, *p.segment_ids);
-      Kernel::online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
       if (!many_rows && (g + 1 < u.kv_groups || next_tile)) {
         const bool same_tile = g + 1 < u.kv_groups;
         const index_t head = same_tile ? kv_head + 1 : u.head0 / p.group, at = same_tile ? kv0 : next_kv0;
         const index_t n_rows = std::min(kBkv, seq.kv_len - at);
         next_k = decode_rows_ahead(p, seq, false, at, n_rows, head, p.dk, k_rows);
         next_v = decode_rows_ahead(p, seq, true, at, n_rows, head, p.dv, v_rows);
-        next_k.also = &next_v;
       }
-      tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc, next_k);
+      if (!many_rows && i == first_tile && g == 0) {
+        own_v = decode_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, own_rows);
+        own_v.also = &next_k;
+      }
+      tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc, own_v.n > 0 ? own_v : next_k);
+      transform_scores<Kernel>(c.variant, tile);
+      mask_tile<Kernel>(tile, c.bm, ref.tile_id, bits, kBq / 8, u.q_block * kBq);
+      if (ref.by_segments) mask_segments(tile, *p.segment_ids);
+      Kernel::online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
+      tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc, next_v);
     }
   }
   if (c.w.splits > 1) {

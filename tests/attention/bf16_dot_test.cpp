@@ -311,7 +311,7 @@ TEST_CASE("bf16 dot path: the widening path keeps what native does not take", "[
 TEST_CASE("bf16 dot path: Q with a head-dim stride other than 1 is packed element by element", "[bf16_dot]") {
   // The vector packing of Qt2 reads unit-stride rows only; the others take
   // the element loop, on the same native path.
-  std::mt19937 rng(1310);
+  std::mt19937 rng(1311);
   SECTION("prefill, odd head dim") {
     const Case x(rng, 1, 130, 130, 4, 2, 33, DimStrided::q);
     check_case(x, CausalMask{}, variants::Default{}, true);
@@ -347,6 +347,20 @@ TEST_CASE("bf16 dot path: decode shapes on every bf16 path against the fp32 refe
                              << g.heads << "/" << g.kv_heads) {
       check_case(x, CausalMask{Alignment::bottom_right}, variants::Default{}, true);
       check_case(x, SlidingWindowMask{50, 0, Alignment::bottom_right}, variants::Softcap{5.0f}, true, 2, 3);
+    }
+  }
+}
+
+// The decode QK^T reads K 8 dims a broadcast: head dims that leave 1-7 dims
+// after the last 8 (a masked tail), and the largest its stack buffers take.
+TEST_CASE("bf16 dot path: decode head dims with a partial last block of 8", "[bf16_dot][decode]") {
+  std::mt19937 rng(1312);
+  for (const index_t d : {1, 3, 20, 46, 127, 512}) {
+    for (const index_t heads : {32, 8}) {
+      const Case x(rng, 1, 1, 130, heads, heads / 8, d);
+      DYNAMIC_SECTION("d " << d << " heads " << heads << "/" << heads / 8) {
+        check_case(x, CausalMask{Alignment::bottom_right}, variants::Default{}, true);
+      }
     }
   }
 }

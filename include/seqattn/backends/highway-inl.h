@@ -264,15 +264,10 @@ struct FlashKernel {
   // 64-bit broadcast brought K[j][2i..2i+1] for all 16 lanes (measured then:
   // 1.5-2.0 against 2.4-2.6 us per 8 x 64 tile on a Cascade Lake VM; GQA 32/4
   // fp32 decode over 32k keys on a Sapphire Rapids VM 9.2 / 14.1 against
-  // 16.3 / 16.8 ms). ScoresRowQuads below replaces it. Its pair layout lives on
-  // in Bf16DotKernel::scores_decode (bf16 pairs, 4 dims a 64-bit broadcast):
-  // InterleaveLower/Upper work within 128-bit blocks, so lane pair p of an
-  // interleaved Q vector holds row {0, 1, 4, 5, 2, 3, 6, 7}[p]. After the
-  // pair sums of keys j and j + 1 are blended (key j in even lanes, j + 1 in
-  // odd ones), output lane t (t < 8: key j, row t; t >= 8: key j + 1, row
-  // t - 8) is read from lane kPairUnpermute[t].
+  // 16.3 / 16.8 ms). ScoresRowQuads below replaces it, and on bf16 pair words
+  // Bf16DotKernel::scores_decode (which had kept the pair layout until
+  // 2026-11-27).
   static constexpr index_t kPairMaxDk = 512;  // stack buffers of rearranged Q
-  static constexpr std::int32_t kPairUnpermute[16] = {0, 2, 8, 10, 4, 6, 12, 14, 1, 3, 9, 11, 5, 7, 13, 15};
 
   // ---- Decode: 8 rows as 2 vectors of 4 rows x 4 dims -------------------------
   // The pairs' idea taken one step further: a 128-bit block holds one
@@ -295,27 +290,56 @@ struct FlashKernel {
   // memory in decode), Qd 4 KiB and St 2 KiB in L1.
   static constexpr int kQuadKeys = 8;
 
+  // The steps ScoresRowQuads and Bf16DotKernel::scores_decode share.
+  // qd[32 i .. 32 i + 31] = the two Qd vectors of units 4i .. 4i + 3 (dims of
+  // Qt, or pair words of Qt2: 32-bit words [unit][row], kBlockQ apart), zero
+  // for units >= `units`; lane 4b + l of the two halves: word 4i + l of rows b
+  // and 4 + b, from X = (words 4i, 4i + 1) and Y = (4i + 2, 4i + 3), 8 rows each.
+  static void QuadQd(const float* HWY_RESTRICT words, index_t units, float* HWY_RESTRICT qd) {
+    const D d;
+    const hn::Half<D> dh;
+    const __m512i rows03 = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    const __m512i rows47 = _mm512_setr_epi32(4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
+    for (index_t i = 0; i < (units + 3) / 4; ++i) {
+      auto unit = [&](index_t l) {
+        return 4 * i + l < units ? hn::Load(dh, words + (4 * i + l) * kBlockQ) : hn::Zero(dh);
+      };
+      const V x = hn::Combine(d, unit(1), unit(0)), y = hn::Combine(d, unit(3), unit(2));
+      hn::Store(V{_mm512_permutex2var_ps(x.raw, rows03, y.raw)}, d, qd + 32 * i);
+      hn::Store(V{_mm512_permutex2var_ps(x.raw, rows47, y.raw)}, d, qd + 32 * i + 16);
+    }
+  }
+  // St[j][r] = scale * (sum of the 4 lanes of row r's block) for keys j <
+  // keys of a key group (st: its first key's St row): acc[j][h] holds rows
+  // 4h .. 4h + 3 in its four blocks.
+  static HWY_INLINE void StoreQuadSums(const V (&acc)[kQuadKeys][2], int keys, float scale, float* HWY_RESTRICT st) {
+    const D d;
+    const hn::Half<D> dh;
+    const hn::RebindToSigned<D> di;
+    // Lane t of the stored pair of keys (j: t < 8, j + 1: t >= 8, row t % 8) from the reduced lanes.
+    static constexpr std::int32_t kUnpermute[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+    const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, kUnpermute));
+    const V vscale = hn::Set(d, scale);
+    for (int j = 0; j < keys; j += 2) {
+      // Block b: (key j, row b), (j, 4 + b), (j + 1, b), (j + 1, 4 + b), each the sum of its 4 lanes.
+      const V s1 = hn::Add(hn::InterleaveLower(d, acc[j][0], acc[j][1]), hn::InterleaveUpper(d, acc[j][0], acc[j][1]));
+      const V s2 = hn::Add(hn::InterleaveLower(d, acc[j + 1][0], acc[j + 1][1]),
+                           hn::InterleaveUpper(d, acc[j + 1][0], acc[j + 1][1]));
+      const V sums = hn::Add(V{_mm512_shuffle_ps(s1.raw, s2.raw, _MM_SHUFFLE(1, 0, 1, 0))},
+                             V{_mm512_shuffle_ps(s1.raw, s2.raw, _MM_SHUFFLE(3, 2, 3, 2))});
+      const V both = hn::Mul(hn::TableLookupLanes(sums, idx), vscale);
+      hn::Store(hn::LowerHalf(dh, both), dh, st + j * kBlockQ);
+      if (j + 1 < keys) hn::Store(hn::UpperHalf(dh, both), dh, st + (j + 1) * kBlockQ);
+    }
+  }
+
   static void ScoresRowQuads(const float* HWY_RESTRICT qt, index_t dk, const float* HWY_RESTRICT k, index_t k_stride,
                              index_t cols, float* HWY_RESTRICT st, const RowsAhead& ahead) {
     static_assert(kLanes == 16, "4 x 4 blocks of 16 fp32 lanes");
     const D d;
-    const hn::Half<D> dh;
-    const hn::RebindToSigned<D> di;
-    const index_t quads = dk / 4, rest = dk % 4, all = (dk + 3) / 4;
+    const index_t quads = dk / 4, rest = dk % 4;
     HWY_ALIGN float qd[kPairMaxDk / 4 * 32 + 32];
-    // Lane 4b + l of the two halves: Qt[4i + l][b] and Qt[4i + l][4 + b],
-    // from X = (Qt[4i], Qt[4i + 1]) and Y = (Qt[4i + 2], Qt[4i + 3]), 8 rows each.
-    const __m512i rows03 = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
-    const __m512i rows47 = _mm512_setr_epi32(4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
-    for (index_t i = 0; i < all; ++i) {
-      auto dim = [&](index_t l) { return 4 * i + l < dk ? hn::Load(dh, qt + (4 * i + l) * kBlockQ) : hn::Zero(dh); };
-      const V x = hn::Combine(d, dim(1), dim(0)), y = hn::Combine(d, dim(3), dim(2));
-      hn::Store(V{_mm512_permutex2var_ps(x.raw, rows03, y.raw)}, d, qd + 32 * i);
-      hn::Store(V{_mm512_permutex2var_ps(x.raw, rows47, y.raw)}, d, qd + 32 * i + 16);
-    }
-    // Lane t of the stored pair of keys (j: t < 8, j + 1: t >= 8, row t % 8) from the reduced lanes.
-    static constexpr std::int32_t kUnpermute[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
-    const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, kUnpermute));
+    QuadQd(qt, dk, qd);
     AheadStream stream(ahead, (cols + kQuadKeys - 1) / kQuadKeys);
     for (index_t j0 = 0; j0 < cols; j0 += kQuadKeys) {
       stream.step();  // once per key group, outside the dims loop: its accumulators stay in registers
@@ -346,24 +370,13 @@ struct FlashKernel {
           acc[j][1] = hn::MulAdd(q1, b, acc[j][1]);
         }
       }
-      for (int j = 0; j < keys; j += 2) {
-        // Block b: (key j, row b), (j, 4 + b), (j + 1, b), (j + 1, 4 + b), each the sum of its 4 lanes.
-        const V s1 =
-            hn::Add(hn::InterleaveLower(d, acc[j][0], acc[j][1]), hn::InterleaveUpper(d, acc[j][0], acc[j][1]));
-        const V s2 = hn::Add(hn::InterleaveLower(d, acc[j + 1][0], acc[j + 1][1]),
-                             hn::InterleaveUpper(d, acc[j + 1][0], acc[j + 1][1]));
-        const V sums = hn::Add(V{_mm512_shuffle_ps(s1.raw, s2.raw, _MM_SHUFFLE(1, 0, 1, 0))},
-                               V{_mm512_shuffle_ps(s1.raw, s2.raw, _MM_SHUFFLE(3, 2, 3, 2))});
-        const V both = hn::TableLookupLanes(sums, idx);
-        hn::Store(hn::LowerHalf(dh, both), dh, st + (j0 + j) * kBlockQ);
-        if (j + 1 < keys) hn::Store(hn::UpperHalf(dh, both), dh, st + (j0 + j + 1) * kBlockQ);
-      }
+      StoreQuadSums(acc, keys, 1.0f, st + j0 * kBlockQ);
     }
   }
 #endif
 
-  // `ahead`: requested by the decode blocks (few rows) only; prefill's tiles
-  // are computed long enough for the hardware prefetchers.
+  // `ahead`: named by the engine for tasks of few rows (decode) only;
+  // prefill's tiles are computed long enough for the hardware prefetchers.
   static void scores(const float* HWY_RESTRICT qt, index_t rows_p, index_t dk, const float* HWY_RESTRICT k,
                      index_t k_stride, index_t cols, float* HWY_RESTRICT st, const RowsAhead& ahead = {}) {
 #if HWY_TARGET <= HWY_AVX3

@@ -210,7 +210,7 @@ struct Bf16DotKernel {
       auto* dst = reinterpret_cast<std::uint32_t*>(qt2);
       for (index_t r0 = 0; r0 < t.rows_p; r0 += 16) {
         const std::uint16_t* src[16];
-        for (index_t q = 0; q < 16; ++q) {
+        for (int q = 0; q < 16; ++q) {
           src[q] = r0 + q < t.rows ? bits_of(p.q_row(seq, row_q[r0 + q], row_head[r0 + q])) : nullptr;
         }
         for (index_t i0 = 0; i0 < pairs; i0 += 16) {
@@ -570,17 +570,18 @@ struct Bf16DotKernel {
 
 #if HWY_TARGET <= HWY_AVX3
   // ---- Decode: 8 rows per K/V group (a GQA group of 8, or up to 8 rows) --------
-  // The layout of the former FlashKernel::ScoresRowPairs (kPairUnpermute) on
-  // bf16 pairs. In the generic blocks above 8 rows fill half a vector; here a
-  // 32-bit lane holds (row, half):
-  // lane pair p of Qd[i] holds row {0, 1, 4, 5, 2, 3, 6, 7}[p] (the order of
-  // InterleaveLower/Upper, undone by FlashKernel::kPairUnpermute), its even
-  // lane Q[r][4i..4i+1], its odd lane Q[r][4i+2..4i+3]. One 64-bit broadcast
-  // of K[j][4i..4i+3] then feeds all 16 lanes: 32 MACs per VDPBF16PS, 4
-  // dims of 8 rows; the two halves of a row are added once per key.
-  //   QK^T block: kDecodeKeys = 16 accumulators + 1 Qd vector + 1 broadcast;
-  //     per 4 dims 1 Qd load + 16 broadcasts for 16 VDPBF16PS. Qd is built
-  //     once per tile from Qt2 (dk / 4 vectors, 2 KiB at dk = 128).
+  // In the generic blocks above 8 rows fill half a vector; here the QK^T
+  // takes FlashKernel::ScoresRowQuads' layout on pair words: a 128-bit block
+  // holds one row's 4 consecutive pairs (block b of Qd[i][h] is Q[4h + b]'s
+  // pairs 4i .. 4i + 3, built by FlashKernel::QuadQd from Qt2), so one
+  // 128-bit broadcast of K[j][8i .. 8i + 7] (a load-port broadcast) feeds two
+  // VDPBF16PS: 8 rows x 8 dims. The 4 partial sums of a row are added once
+  // per key (FlashKernel::StoreQuadSums).
+  //   QK^T block: kQuadKeys = 8 keys x 2 = 16 accumulators + 2 Qd vectors +
+  //     1 broadcast; per 8 dims 2 Qd loads + 8 broadcasts for 16 VDPBF16PS.
+  //     The 64-bit broadcasts of the layout before (a lane pair per row, 4
+  //     dims a broadcast) took one load per VDPBF16PS, and 16 key pointers
+  //     that did not fit the general registers.
   //   P.V block: 8 rows x kDecodePvVecs = 3 d-vectors = 24 accumulators + 3
   //     V pair vectors + 1 broadcast. V is paired on the fly, no Vp copy:
   //     per pair of keys and 16 dims, the two bf16 rows are zero-extended
@@ -593,14 +594,14 @@ struct Bf16DotKernel {
   //   on the fp32 path.
   // Measured (bench/bf16_dot.cpp's BM_Probe, 4 in-cache tiles of 8 rows x 64
   //   keys, d = 128, one thread, 2026-11-26, the 2-vCPU Intel Xeon VM with AMX
-  //   of the README, AVX3_DL with AVX512_BF16): pair dot 14.1-14.4 us, widen
-  //   13.2 us, AMX 4.5 us. VDPBF16PS runs at half the fp32 FMA's FLOP rate
-  //   there (bench/bf16_dot.cpp: 106 against 211 GFLOP/s), so the probe keeps
-  //   decode on AMX on that CPU (on widening without AMX); the pair path is
-  //   for CPUs whose pair dot is fast (Zen 4/5), and the tests force it everywhere.
-  static constexpr int kDecodeKeys = 16;
+  //   of the README, AVX3_DL with AVX512_BF16, with the QK^T layout before):
+  //   pair dot 14.1-14.4 us, widen 13.2 us, AMX 4.5 us. VDPBF16PS runs at half
+  //   the fp32 FMA's FLOP rate there (bench/bf16_dot.cpp: 106 against 211
+  //   GFLOP/s), so the probe keeps decode on AMX on that CPU (on widening
+  //   without AMX); the pair path is for CPUs whose pair dot is fast (Zen
+  //   4/5), and the tests force it everywhere.
   static constexpr int kDecodePvVecs = 3;
-  static constexpr index_t kDecodeMaxDk = 512;  // stack buffer of Qd
+  static constexpr index_t kDecodeMaxDk = K::kPairMaxDk;  // stack buffer of Qd
 
   static bool decode_rows(index_t rows_padded) { return rows_padded == K::kLanes / 2; }
 
@@ -608,59 +609,47 @@ struct Bf16DotKernel {
   template <bool kHw>
   static HWY_NOINLINE void scores_decode(const float* HWY_RESTRICT qt2, index_t dk, const std::uint16_t* const* krows,
                                          index_t cols, float scale, float* HWY_RESTRICT st, const RowsAhead& ahead) {
-    static_assert(K::kLanes == 16, "FlashKernel::kPairUnpermute assumes 16 fp32 lanes");
-    const D d;
+    static_assert(K::kLanes == 16, "4 x 4 blocks of 16 32-bit lanes");
+    constexpr int kKeys = K::kQuadKeys;
     const DU du;
-    const hn::Half<D> dh;
-    const hn::Half<DU> duh;
-    const hn::RebindToSigned<D> di;
-    const hn::Repartition<std::uint64_t, D> du64;
-    const auto* q2 = reinterpret_cast<const std::uint32_t*>(qt2);
-    const index_t pairs = (dk + 1) / 2, quads = dk / 4, rest = dk % 4;
-    HWY_ALIGN std::uint32_t qd[kDecodeMaxDk / 4 * 16 + 16];
-    for (index_t i = 0; i < (dk + 3) / 4; ++i) {
-      const auto even = hn::Load(duh, q2 + 2 * i * kBq);
-      const auto odd = 2 * i + 1 < pairs ? hn::Load(duh, q2 + (2 * i + 1) * kBq) : hn::Zero(duh);
-      hn::Store(hn::Combine(du, hn::InterleaveUpper(duh, even, odd), hn::InterleaveLower(duh, even, odd)), du,
-                qd + 16 * i);
-    }
-    const auto idx = hn::IndicesFromVec(d, hn::LoadU(di, K::kPairUnpermute));
-    const V vscale = hn::Set(d, scale);
-    AheadStream stream(ahead, (cols + kDecodeKeys - 1) / kDecodeKeys);
-    for (index_t j0 = 0; j0 < cols; j0 += kDecodeKeys) {
+    const hn::Rebind<std::uint16_t, hn::Half<D>> d16;  // 8 bf16: one 128-bit block
+    const index_t octs = dk / 8, rest = dk % 8;
+    HWY_ALIGN float qd[kDecodeMaxDk / 4 * 32 + 32];
+    K::QuadQd(qt2, (dk + 1) / 2, qd);
+    AheadStream stream(ahead, (cols + kKeys - 1) / kKeys);
+    for (index_t j0 = 0; j0 < cols; j0 += kKeys) {
       stream.step();  // once per key group, outside the dims loop: its accumulators stay in registers
-      const int keys = static_cast<int>(std::min<index_t>(kDecodeKeys, cols - j0));
-      const std::uint16_t* kp[kDecodeKeys];
-      HWY_UNROLL(16)
-      for (int j = 0; j < kDecodeKeys; ++j) kp[j] = krows[j0 + std::min(j, keys - 1)];
-      V acc[kDecodeKeys];
-      HWY_UNROLL(16)
-      for (int j = 0; j < kDecodeKeys; ++j) acc[j] = hn::Zero(d);
-      for (index_t i = 0; i < quads; ++i) {
-        const VU q = hn::Load(du, qd + 16 * i);
-        HWY_UNROLL(16)
-        for (int j = 0; j < kDecodeKeys; ++j) {
-          std::uint64_t four;
-          std::memcpy(&four, kp[j] + 4 * i, sizeof(four));
-          acc[j] = PairDot<kHw>(acc[j], q, hn::BitCast(du, hn::Set(du64, four)));
+      const int keys = static_cast<int>(std::min<index_t>(kKeys, cols - j0));
+      const std::uint16_t* kp[kKeys];
+      HWY_UNROLL(8)
+      for (int j = 0; j < kKeys; ++j) kp[j] = krows[j0 + std::min(j, keys - 1)];
+      V acc[kKeys][2];
+      HWY_UNROLL(8)
+      for (int j = 0; j < kKeys; ++j) acc[j][0] = acc[j][1] = hn::Zero(D());
+      for (index_t i = 0; i < octs; ++i) {
+        const VU q0 = hn::Load(du, reinterpret_cast<const std::uint32_t*>(qd) + 32 * i);
+        const VU q1 = hn::Load(du, reinterpret_cast<const std::uint32_t*>(qd) + 32 * i + 16);
+        HWY_UNROLL(8)
+        for (int j = 0; j < kKeys; ++j) {
+          const VU b = hn::BitCast(du, hn::LoadDup128(hn::Repartition<std::uint16_t, D>(), kp[j] + 8 * i));
+          acc[j][0] = PairDot<kHw>(acc[j][0], q0, b);
+          acc[j][1] = PairDot<kHw>(acc[j][1], q1, b);
         }
       }
-      if (rest != 0) {  // the last 1-3 dims: K beyond dk is not read, Qd is zero there
-        const VU q = hn::Load(du, qd + 16 * quads);
-        HWY_UNROLL(16)
-        for (int j = 0; j < kDecodeKeys; ++j) {
-          std::uint64_t four = 0;
-          for (index_t e = 0; e < rest; ++e) four |= std::uint64_t{kp[j][4 * quads + e]} << (16 * e);
-          acc[j] = PairDot<kHw>(acc[j], q, hn::BitCast(du, hn::Set(du64, four)));
+      if (rest != 0) {  // the last 1-7 dims: K beyond dk is not read (zero), Qd is zero there
+        const VU q0 = hn::Load(du, reinterpret_cast<const std::uint32_t*>(qd) + 32 * octs);
+        const VU q1 = hn::Load(du, reinterpret_cast<const std::uint32_t*>(qd) + 32 * octs + 16);
+        const auto m = hn::FirstN(d16, static_cast<std::size_t>(rest));
+        HWY_UNROLL(8)
+        for (int j = 0; j < kKeys; ++j) {
+          HWY_ALIGN std::uint16_t tail[8];
+          hn::Store(hn::MaskedLoad(m, d16, kp[j] + 8 * octs), d16, tail);
+          const VU b = hn::BitCast(du, hn::LoadDup128(hn::Repartition<std::uint16_t, D>(), tail));
+          acc[j][0] = PairDot<kHw>(acc[j][0], q0, b);
+          acc[j][1] = PairDot<kHw>(acc[j][1], q1, b);
         }
       }
-      for (int j = 0; j < keys; j += 2) {
-        const V a = hn::Add(acc[j], hn::Shuffle2301(acc[j]));
-        const V b = hn::Add(acc[j + 1], hn::Shuffle2301(acc[j + 1]));
-        const V both = hn::Mul(hn::TableLookupLanes(hn::OddEven(b, a), idx), vscale);
-        hn::Store(hn::LowerHalf(dh, both), dh, st + (j0 + j) * kBq);
-        if (j + 1 < keys) hn::Store(hn::UpperHalf(dh, both), dh, st + (j0 + j + 1) * kBq);
-      }
+      K::StoreQuadSums(acc, keys, scale, st + j0 * kBq);
     }
   }
 

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <concepts>
 #include <cstdint>
 
@@ -57,7 +58,7 @@ struct RowsAhead {
   index_t lines() const {
     index_t total = 0;
     for (const RowsAhead* list = this; list != nullptr; list = list->also) {
-      total += list->n * ((list->bytes + kLine - 1) / kLine);
+      total += list->n * ((std::max<index_t>(list->bytes, 0) + kLine - 1) / kLine);
     }
     return total;
   }
@@ -98,7 +99,16 @@ class BasicAheadStream {
     skip_empty();
   }
 
+#ifndef NDEBUG
+  // A kernel steps its stream as often as it said it would (or not at all),
+  // and then every line was asked for.
+  ~BasicAheadStream() { assert(taken_ == 0 || (taken_ == steps_ && list_ == nullptr)); }
+#endif
+
   SEQATTN_ALWAYS_INLINE void step() {
+#ifndef NDEBUG
+    ++taken_;
+#endif
     index_t n = per_step_;
     due_ += remainder_;
     if (due_ >= steps_) {
@@ -128,6 +138,9 @@ class BasicAheadStream {
   const RowsAhead* list_;
   index_t row_ = 0, byte_ = 0;
   index_t steps_, per_step_ = 0, remainder_ = 0, due_ = 0;
+#ifndef NDEBUG
+  index_t taken_ = 0;
+#endif
   [[no_unique_address]] Request request_;
 };
 using AheadStream = BasicAheadStream<>;

@@ -324,8 +324,8 @@ struct BackwardScratch {
   std::unique_ptr<AmxVisitScratch> amx;  // where the key pass runs on AMX
 
   BackwardScratch(index_t dk, index_t dkp, index_t dv, index_t dvp, index_t sweep_tiles, Bf16Tiles arithmetic)
-      : q_rows(kBq * dkp),
-        do_rows(kBq * dvp),
+      : q_rows(arithmetic == Bf16Tiles::amx ? 0 : kBq * dkp),  // AMX packs its own (AmxVisitScratch)
+        do_rows(arithmetic == Bf16Tiles::amx ? 0 : kBq * dvp),
         s(kBq * kBq),
         raw(kBq * kBq),
         dp(kBq * kBq),

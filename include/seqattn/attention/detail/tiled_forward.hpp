@@ -430,7 +430,7 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
         next_tile ? static_cast<index_t>(c.w.tiles[u.tiles_begin + static_cast<std::size_t>(i + 1)].kv_block) * kBkv
                   : 0;
     for (index_t g = 0; g < u.kv_groups; ++g) {
-      const index_t kv_head = u.head0 / p.group + g;
+      const index_t kv_head = u.kv_head + g;
       // The group's rows and the tile's keys, or (one group) the tile's span of them.
       index_t r0 = g * t.group_rows, rows = t.group_rows, rows_p = t.group_rows_p, key0 = kv0, keys = cols;
       const std::uint8_t* bits = transposed_tile_bits(c.column_bits, c.w.column_tile_bytes, ref.tile_id);
@@ -456,7 +456,7 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
       RowsAhead own_v, next_k, next_v;
       if (!many_rows && (g + 1 < u.kv_groups || next_tile)) {
         const bool same_tile = g + 1 < u.kv_groups;
-        const index_t head = same_tile ? kv_head + 1 : u.head0 / p.group, at = same_tile ? kv0 : next_kv0;
+        const index_t head = same_tile ? kv_head + 1 : u.kv_head, at = same_tile ? kv0 : next_kv0;
         const index_t n_rows = std::min(kBkv, seq.kv_len - at);
         next_k = decode_rows_ahead(p, seq, false, at, n_rows, head, p.dk, k_rows);
         next_v = decode_rows_ahead(p, seq, true, at, n_rows, head, p.dv, v_rows);

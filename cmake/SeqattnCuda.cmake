@@ -54,12 +54,13 @@ if(NOT SEQATTN_BUILD_CUDA)
   return()
 endif()
 
-# Compute capability 8.0 (A100) and 9.0 (H100/H200): SASS for both plus
-# compute_90 PTX. Each architecture costs a full device compilation, so keep
-# the list short; override with -DCMAKE_CUDA_ARCHITECTURES=... or CUDAARCHS.
+# Compute capability 8.0 (A100) and 9.0a (H100/H200, with the Hopper-only
+# instructions of the wgmma prefill kernel): SASS for both plus their PTX.
+# Each architecture costs a full device compilation, so keep the list short;
+# override with -DCMAKE_CUDA_ARCHITECTURES=... or CUDAARCHS.
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND "$ENV{CUDAARCHS}" STREQUAL "")
   set(CMAKE_CUDA_ARCHITECTURES
-      "80;90"
+      "80;90a"
       CACHE STRING "CUDA architectures for seqattn's CUDA targets")
 endif()
 # nvcc compiles host code with the project's C++ compiler, not whatever g++ is
@@ -86,9 +87,20 @@ endif()
 if(PROJECT_IS_TOP_LEVEL)
   message(
     STATUS
-      "seqattn: CUDA ${CMAKE_CUDA_COMPILER_VERSION} (${CMAKE_CUDA_COMPILER}), architectures ${CMAKE_CUDA_ARCHITECTURES}, host compiler ${CMAKE_CUDA_HOST_COMPILER}"
+      "seqattn: CUDA ${CMAKE_CUDA_COMPILER_VERSION} (${CMAKE_CUDA_COMPILER}), architectures ${CMAKE_CUDA_ARCHITECTURES}, host compiler ${CMAKE_CUDA_HOST_COMPILER}, wgmma kernel ${_seqattn_cuda_wgmma}"
   )
 endif()
+
+# The Hopper prefill kernel (backends/cuda/wgmma_forward_kernel.cuh) exists
+# only in sm_90a code: with 90a among the architectures, the CUDA targets
+# define SEQATTN_CUDA_WGMMA (backends/cuda.cuh) and prefill on a compute
+# capability 9.x device takes it.
+set(_seqattn_cuda_wgmma OFF)
+foreach(_arch IN LISTS CMAKE_CUDA_ARCHITECTURES)
+  if(_arch MATCHES "^90a")
+    set(_seqattn_cuda_wgmma ON)
+  endif()
+endforeach()
 
 # Options for seqattn's own .cu sources, the CUDA counterpart of
 # seqattn_project_options (whose bare GCC flags nvcc would reject).
@@ -122,6 +134,9 @@ foreach(_flag IN LISTS _seqattn_simd_flags)
   endif()
 endforeach()
 target_compile_options(seqattn_cuda_options INTERFACE "$<$<COMPILE_LANGUAGE:CUDA>:${_seqattn_cuda_flags}>")
+if(_seqattn_cuda_wgmma)
+  target_compile_definitions(seqattn_cuda_options INTERFACE "$<$<COMPILE_LANGUAGE:CUDA>:SEQATTN_CUDA_WGMMA>")
+endif()
 
 # The CUDA kernels compiled once per configuration (storage type x head dim x
 # built-in score hook) for this repository's tests, benchmarks and examples, instead

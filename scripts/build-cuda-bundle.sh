@@ -17,7 +17,9 @@
 #   build/cuda-bundle/seqattn_bench_cuda
 #
 # Env:
-#   SEQATTN_CUDA_GENCODE  default "-gencode arch=compute_90,code=sm_90" (H100/H200 only)
+#   SEQATTN_CUDA_GENCODE  default "-gencode arch=compute_90a,code=sm_90a" (H100/H200 only;
+#                         with compute_90a the programs define SEQATTN_CUDA_WGMMA
+#                         and prefill takes the Hopper kernel)
 #   SEQATTN_SIMD_FLAGS    host SIMD flags, default as in CMake: -march=x86-64-v3 -DHWY_DISABLE_PCLMUL_AES
 #   SEQATTN_JOBS          programs compiled at once (default 2)
 #   NVCC                  default: nvcc on PATH, else /usr/local/cuda/bin/nvcc
@@ -31,7 +33,7 @@ if [[ ! -x "$nvcc" ]]; then
   echo "build-cuda-bundle: no nvcc (set NVCC, or put the CUDA toolkit's bin/ on PATH)" >&2
   exit 1
 fi
-read -r -a gencode <<<"${SEQATTN_CUDA_GENCODE:-"-gencode arch=compute_90,code=sm_90"}"
+read -r -a gencode <<<"${SEQATTN_CUDA_GENCODE:-"-gencode arch=compute_90a,code=sm_90a"}"
 read -r -a simd <<<"${SEQATTN_SIMD_FLAGS:-"-march=x86-64-v3 -DHWY_DISABLE_PCLMUL_AES"}"
 max_jobs=${SEQATTN_JOBS:-2}
 cxx=${CXX:-g++}
@@ -44,11 +46,14 @@ fi
 
 # The flags of the CMake build (cmake/SeqattnCuda.cmake), less the warnings
 # as errors: this build ships binaries, the CMake build checks the code.
-flags=(-std=c++20 -O3 -DNDEBUG "${gencode[@]}" -ccbin "$cxx" --cudart=static
+# Device code compressed in the fat binaries (-compress-all: about 5x
+# smaller), so that the programs fit a device call's upload.
+flags=(-std=c++20 -O3 -DNDEBUG "${gencode[@]}" -ccbin "$cxx" --cudart=static -Xfatbin=-compress-all
   -Xcompiler=-Wall -Xcompiler=-Wextra --diag-suppress=1675 -I"$root/include")
 for f in "${simd[@]}"; do
   if [[ $f == -D* || $f == -U* ]]; then flags+=("$f"); else flags+=("-Xcompiler=$f"); fi
 done
+[[ " ${gencode[*]} " == *compute_90a* ]] && flags+=(-DSEQATTN_CUDA_WGMMA)
 link=(-Xcompiler=-static-libstdc++ -Xcompiler=-static-libgcc)
 
 # Catch2: v2 (Debian 12) is header-only and the test compiles its runner; v3

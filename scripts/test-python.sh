@@ -64,7 +64,7 @@ fi
 # SEQATTN_PYTHON_CUDA=OFF|ON (environment) forces it off or on, and tells
 # python/tests/test_cuda_host.py what to expect. Without a GPU its tests run on
 # the host only, so the build is the compile check of scripts/test.sh's release
-# stage: PTX for one architecture (CUDAARCHS=90-virtual: no ptxas), device code
+# stage: PTX for one architecture (CUDAARCHS=90a-virtual: no ptxas), device code
 # unoptimized (CUDAFLAGS -Xcicc -O0), the .cu files' host code at -O0, and the
 # kernel instances in one file per storage type (SEQATTN_CUDA_INSTANCE_FILES:
 # nvcc's fixed cost per file, not the kernels, is most of such a build; 2 files
@@ -74,7 +74,7 @@ if [[ -n "${SEQATTN_PYTHON_CUDA:-}" ]]; then
   cuda_config+=(--config-settings=cmake.define.SEQATTN_PYTHON_CUDA="$SEQATTN_PYTHON_CUDA")
 fi
 if ! nvidia-smi -L >/dev/null 2>&1; then
-  if [[ -z "${CUDAARCHS:-}" ]]; then export CUDAARCHS=90-virtual; fi
+  if [[ -z "${CUDAARCHS:-}" ]]; then export CUDAARCHS=90a-virtual; fi
   if [[ "${CUDAFLAGS:-}" != *-Xcicc* ]]; then export CUDAFLAGS="${CUDAFLAGS:-} -Xcicc -O0"; fi
   cuda_config+=(--config-settings=cmake.define.CMAKE_CUDA_FLAGS_RELEASE=-DNDEBUG
     --config-settings=cmake.define.SEQATTN_CUDA_INSTANCE_FILES=type)

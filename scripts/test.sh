@@ -21,9 +21,9 @@
 # CUDA: when nvcc is found (PATH, CUDACXX or /usr/local/cuda/bin; see
 # cmake/SeqattnCuda.cmake) the release stage also builds the CUDA backend's
 # GPU test, benchmark and example (the kernels once, in generated instance
-# files) for sm_80 and sm_90; the GPU test (CTest label gpu) reports Skipped
+# files) for sm_80 and sm_90a; the GPU test (CTest label gpu) reports Skipped
 # on machines without a CUDA device. There the build is a compile check only:
-# one architecture, as PTX alone (CUDAARCHS=90-virtual, when not already set:
+# one architecture, as PTX alone (CUDAARCHS=90a-virtual, when not already set:
 # no ptxas), with the device code unoptimized (CUDAFLAGS -Xcicc -O0: cicc's
 # optimizer took most of the rest), checks the same source at about a tenth of
 # the cost of optimized sm_80 + sm_90 binaries. No nvcc: the
@@ -42,7 +42,7 @@ source scripts/ensure-deps.sh
 # remaining 300 s of CPU time); with one, CMake's default comes back.
 cuda_config=(-DCMAKE_CUDA_FLAGS_RELEASE="-O3 -DNDEBUG")
 if ! nvidia-smi -L >/dev/null 2>&1; then
-  if [[ -z "${CUDAARCHS:-}" ]]; then export CUDAARCHS=90-virtual; fi
+  if [[ -z "${CUDAARCHS:-}" ]]; then export CUDAARCHS=90a-virtual; fi
   if [[ "${CUDAFLAGS:-}" != *-Xcicc* ]]; then export CUDAFLAGS="${CUDAFLAGS:-} -Xcicc -O0"; fi
   # The kernel instances in one file per storage type: nvcc's fixed cost per
   # file, not the kernels, is most of a compile-only build (python/CMakeLists.txt's

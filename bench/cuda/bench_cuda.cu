@@ -3,6 +3,10 @@
 // dense tensor-core rate and a device-to-device copy for HBM bandwidth.
 //
 //   bench_cuda [--json FILE] [--iters N] [--shapes SUBSTRING] [--kv-splits N] [--no-limits] [--no-backward]
+//              [--mma-sync]
+//
+// --mma-sync: prefill on the mma.sync kernel where the Hopper (wgmma) kernel
+// would run, to compare the two in one run.
 //
 // Useful FLOPs = 4 * d * allowed (q, k) pairs * heads * batch, counted from
 // the mask (masked tiles the kernel skips are not credited). Decode GB/s
@@ -122,7 +126,7 @@ std::string json_string(const std::string& s) {
 
 std::string json_number(double x) { return std::isfinite(x) ? std::to_string(x) : "null"; }
 
-Row run_case(const Case& c, int iters, const PlanOptions& options, bool backward) {
+Row run_case(const Case& c, int iters, const PlanOptions& options, bool backward, bool mma_sync) {
   const index_t d = 128;
   const std::size_t nq = std::size_t(c.batch * c.q_len * c.heads * d),
                     nkv = std::size_t(c.batch * c.kv_len * c.kv_heads * d);
@@ -161,8 +165,12 @@ Row run_case(const Case& c, int iters, const PlanOptions& options, bool backward
   };
   auto run_with = [&](const auto& mask) {
     const auto plan = plan_attention<backends::Cuda>(shape, mask, options);
-    const cuda::LaunchPlan& lp = plan.work().device->launch;
-    const std::string desc = "grid " + std::to_string(lp.items.size()) + "x" + std::to_string(lp.head_groups) + "x" +
+    cuda::LaunchPlan& lp = plan.work().device->launch;
+    if (mma_sync) lp.wgmma = false;
+    const std::string desc = std::string(lp.decode  ? "decode"
+                                         : lp.wgmma ? "wgmma"
+                                                    : "mma.sync") +
+                             ", grid " + std::to_string(lp.items.size()) + "x" + std::to_string(lp.head_groups) + "x" +
                              std::to_string(lp.kv_splits) + ", heads/cta " + std::to_string(lp.heads_per_cta);
     const float ms = median_ms([&] { attention_forward(plan, in, o, l, variants::Default{}, cuda::Stream{}); }, iters);
     const double flops = 4.0 * d * c.pairs * c.heads * c.batch;
@@ -203,7 +211,7 @@ Row run_case(const Case& c, int iters, const PlanOptions& options, bool backward
 int main(int argc, char** argv) {
   std::string json, only;
   int iters = 20;
-  bool limits = true, backward = true;
+  bool limits = true, backward = true, mma_sync = false;
   PlanOptions options;  // --kv-splits N: force the split count (0: the planner's choice)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc)
@@ -218,6 +226,8 @@ int main(int argc, char** argv) {
       limits = false;
     else if (!std::strcmp(argv[i], "--no-backward"))
       backward = false;
+    else if (!std::strcmp(argv[i], "--mma-sync"))
+      mma_sync = true;
   }
   int devices = 0;
   if (const cudaError_t status = cudaGetDeviceCount(&devices); status != cudaSuccess || devices == 0) {
@@ -264,7 +274,7 @@ int main(int argc, char** argv) {
     };
     for (const Case& c : cases) {
       if (!only.empty() && c.name.find(only) == std::string::npos) continue;
-      const Row r = run_case(c, iters, options, backward);
+      const Row r = run_case(c, iters, options, backward, mma_sync);
       std::printf("| %s | %.3f | %.1f | %s | %.0f | %s | %s | %s | %s | %s |\n", r.name.c_str(), r.ms, r.tflops,
                   fraction(r.tflops, peak).c_str(), r.gbps, fraction(r.gbps, bw).c_str(), fixed(r.bwd_ms, 3).c_str(),
                   fixed(r.bwd_tflops, 1).c_str(), fraction(r.bwd_tflops, peak).c_str(), r.plan.c_str());

@@ -102,6 +102,10 @@ struct Result {
   AttentionShape shape;
 };
 
+// Set by the test of the mma.sync prefill kernel: plans that would take the
+// Hopper kernel (LaunchPlan::wgmma) take the mma.sync one instead.
+bool force_mma_sync = false;
+
 // Runs the Cuda backend on the inputs rounded to T and the reference backend
 // on the same rounded values in fp32; checks every output element and LSE.
 // host_variant: the variant the reference runs, when `variant` reads device
@@ -123,6 +127,9 @@ Result check_cuda(const Problem& pr, const M& mask, const V& variant, PlanOption
   DeviceTensor<float> dlse(Tensor<float>(lse_shape, 7.0f));
   const AttentionInputs<T> in{dq.view(), dk.view(), dv.view(), pr.segments};
   const auto plan = plan_attention<backends::Cuda>(shape, mask, options);
+  cuda::LaunchPlan& launch = plan.work().device->launch;
+  if (force_mma_sync) launch.wgmma = false;
+  INFO("kernel: " << (launch.decode ? "decode" : launch.wgmma ? "wgmma" : "mma.sync"));
   attention_forward(plan, in, dout.view(), dlse.view(), variant, cuda::Stream{});
   cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   const Tensor<float> got = widened(dout.download());
@@ -160,6 +167,33 @@ TEST_CASE("cuda: every mask kind, BSHD, head dims 64 to 256", "[cuda][gpu]") {
   std::mt19937 rng(11);
   each_mask_kind([&](const auto& mask) {
     for (const auto& [dk, dv] : {std::pair<index_t, index_t>{64, 64}, {72, 72}, {80, 48}, {128, 128}, {256, 256}}) {
+      INFO("dk " << dk << ", dv " << dv);
+      const Problem pr = random_bshd(rng, 2, 150, 203, 6, 2, dk, dv);
+      check_cuda<bfloat16>(pr, mask, variants::Default{});
+    }
+  });
+}
+
+// On a compute capability 9.x device with the Hopper kernel built
+// (SEQATTN_CUDA_WGMMA), prefill plans of head dims up to 128 take it, and the
+// other tests check it; here the mma.sync kernel runs those shapes too.
+TEST_CASE("cuda: the mma.sync prefill kernel where the Hopper kernel would run", "[cuda][gpu]") {
+  int device = 0, major = 0;
+  cuda::check(cudaGetDevice(&device), "cudaGetDevice");
+  cuda::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  std::mt19937 rng(23);
+  {
+    const Problem pr = random_bshd(rng, 1, 300, 300, 2, 2, 128, 128);
+    const Rounded<bfloat16> r(pr);
+    const auto plan = plan_attention<backends::Cuda>(r.shape, CausalMask{});
+    CHECK(plan.work().device->launch.wgmma == (cuda::kWgmmaBuilt && major == 9));
+  }
+  struct ForceMmaSync {
+    ForceMmaSync() { force_mma_sync = true; }
+    ~ForceMmaSync() { force_mma_sync = false; }
+  } force;
+  each_mask_kind([&](const auto& mask) {
+    for (const auto& [dk, dv] : {std::pair<index_t, index_t>{64, 64}, {80, 48}, {128, 128}}) {
       INFO("dk " << dk << ", dv " << dv);
       const Problem pr = random_bshd(rng, 2, 150, 203, 6, 2, dk, dv);
       check_cuda<bfloat16>(pr, mask, variants::Default{});
@@ -484,6 +518,9 @@ void check_cuda_policy(const Problem& pr, const M& mask, const V& variant, PlanO
   DeviceTensor<float> dlse(Tensor<float>(lse_shape, 7.0f));
   const AttentionInputs<T> in{dq.view(), dk.view(), dv.view(), pr.segments};
   const auto plan = plan_attention<backends::Cuda>(shape, mask, options);
+  cuda::LaunchPlan& launch = plan.work().device->launch;
+  if (force_mma_sync) launch.wgmma = false;
+  INFO("kernel: " << (launch.decode ? "decode" : launch.wgmma ? "wgmma" : "mma.sync"));
   attention_forward(plan, in, dout.view(), dlse.view(), variant, cuda::Stream{});
   cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   const Tensor<float> got = widened(dout.download());

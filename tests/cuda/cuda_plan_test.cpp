@@ -409,6 +409,27 @@ TEST_CASE("plan_launch: padded head dims", "[cuda][plan]") {
   }
 }
 
+TEST_CASE("use_wgmma: the Hopper kernel takes prefill of head dims up to 128 on sm_90a builds", "[cuda][plan]") {
+  const auto plan_for = [](index_t q_len, index_t kv_len, index_t dk, index_t dv) {
+    const AttentionShape shape = make_shape(RaggedLengths::uniform(2, q_len, kv_len), 8, 2, dk, dv);
+    const BlockMask bm = build_block_mask(CausalMask{Alignment::bottom_right}, shape.lengths, 8, kCudaBlock);
+    return plan_launch(shape, build_device_mask_layout(bm), {}, 132);
+  };
+  for (const index_t d : {8, 64, 72, 128}) {
+    const LaunchPlan prefill = plan_for(300, 300, d, d);
+    REQUIRE(!prefill.decode);
+    CHECK(cuda::use_wgmma(prefill, 9, true));
+    CHECK(!cuda::use_wgmma(prefill, 9, false));  // not built for sm_90a
+    CHECK(!cuda::use_wgmma(prefill, 8, true));   // A100
+    CHECK(!cuda::use_wgmma(prefill, 10, true));  // Blackwell: sm_90a code does not run there
+  }
+  CHECK(!cuda::use_wgmma(plan_for(300, 300, 192, 128), 9, true));  // head dim 256
+  const LaunchPlan decode = plan_for(1, 4096, 128, 128);
+  REQUIRE(decode.decode);
+  CHECK(!cuda::use_wgmma(decode, 9, true));
+  CHECK(!plan_for(300, 300, 128, 128).wgmma);  // plan_launch leaves the choice to the backend
+}
+
 TEST_CASE("plan_launch: decode packs GQA heads and splits the KV", "[cuda][plan]") {
   // One sequence, one query, 32k keys: 32 heads over 4 kv heads.
   const AttentionShape shape = make_shape(RaggedLengths::uniform(1, 1, 32768), 32, 4, 128, 128);

@@ -15,6 +15,15 @@
 // bits) and allocates the split workspace once; a call allocates nothing
 // (the page list's buffer grows once to the largest cache seen).
 //
+// Kernels (backends/cuda/): prefill on compute capability 9.x devices runs
+// on the Hopper kernel (wgmma_forward_kernel.cuh: warpgroup MMAs) when the
+// translation unit is compiled for sm_90a and defines SEQATTN_CUDA_WGMMA
+// (see kWgmmaBuilt below; CMake's default architectures do both); otherwise,
+// and for decode shapes and head dims over 128, on the mma.sync kernels of
+// forward_kernel.cuh. Both share the tile scheduler, loads, mask, online
+// softmax and epilogue (forward_tiles.cuh, online_softmax.cuh,
+// forward_epilogue.cuh).
+//
 // Backward (attention_backward; plan with PlanOptions::backward = true): dQ,
 // dK, dV and the sinks' gradient for every mask kind, GQA, BSHD and THD, the
 // same variants, head dims up to 128, deterministic (no atomics: a key pass
@@ -85,12 +94,25 @@
 #include "seqattn/backends/cuda/backward_kernel.cuh"
 #include "seqattn/backends/cuda/forward_kernel.cuh"
 #include "seqattn/backends/cuda/launch_plan.hpp"
+#include "seqattn/backends/cuda/wgmma_forward_kernel.cuh"
 #include "seqattn/backends/device_mask.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/error.hpp"
 #include "seqattn/core/float16.hpp"
 
 namespace seqattn::cuda {
+
+// Whether this translation unit's kernels include the Hopper prefill kernel
+// (backends/cuda/wgmma_forward_kernel.cuh): define SEQATTN_CUDA_WGMMA when
+// the TU is compiled for sm_90a (-gencode arch=compute_90a,code=sm_90a; the
+// CMake build does so when CMAKE_CUDA_ARCHITECTURES names 90a). Prefill on a
+// compute capability 9.x device then takes it. Defined without sm_90a code,
+// the kernel traps instead of computing.
+#if defined(SEQATTN_CUDA_WGMMA)
+inline constexpr bool kWgmmaBuilt = true;
+#else
+inline constexpr bool kWgmmaBuilt = false;
+#endif
 
 // Throws std::runtime_error naming the CUDA call that failed.
 inline void check(cudaError_t status, const char* call) {
@@ -420,6 +442,7 @@ template <class T, int D, class Hook>
 void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, const Hook& hook, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(lp.items.size()), static_cast<unsigned>(lp.head_groups),
                   static_cast<unsigned>(lp.kv_splits));
+  bool launched = false;
   if constexpr (D <= 128) {
     if (lp.decode) {
       auto* kernel = &decode_kernel<T, D, Hook>;
@@ -427,9 +450,21 @@ void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, const Hook&
       allow_shared_memory<&decode_kernel<T, D, Hook>>(kSmem, "cudaFuncSetAttribute(decode_kernel)");
       kernel<<<grid, kDecodeThreads, kSmem, stream>>>(p, hook);
       check(cudaGetLastError(), "decode_kernel launch");
+      launched = true;
     }
+#if defined(SEQATTN_CUDA_WGMMA)
+    if (lp.wgmma) {
+      using Cfg = WgmmaConfig<D>;
+      auto* kernel = &wgmma_forward_kernel<T, D, Hook>;
+      allow_shared_memory<&wgmma_forward_kernel<T, D, Hook>>(Cfg::kSmemBytes,
+                                                             "cudaFuncSetAttribute(wgmma_forward_kernel)");
+      kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, hook);
+      check(cudaGetLastError(), "wgmma_forward_kernel launch");
+      launched = true;
+    }
+#endif
   }
-  if (!lp.decode) {
+  if (!launched) {
     using Cfg = KernelConfig<D>;
     auto* kernel = &forward_kernel<T, D, Hook>;
     allow_shared_memory<&forward_kernel<T, D, Hook>>(Cfg::kSmemBytes, "cudaFuncSetAttribute(forward_kernel)");
@@ -572,6 +607,10 @@ struct Cuda {
     d->num_sms = sms;
     d->layout = build_device_mask_layout(bm, "Cuda backend");
     d->launch = cuda::plan_launch(shape, d->layout, options, d->num_sms);
+    int compute_major = 0;
+    cuda::check(cudaDeviceGetAttribute(&compute_major, cudaDevAttrComputeCapabilityMajor, d->device),
+                "cudaDeviceGetAttribute");
+    d->launch.wgmma = cuda::use_wgmma(d->launch, compute_major, cuda::kWgmmaBuilt);
     d->row_offsets = cuda::upload(d->layout.row_offsets);
     d->entries = cuda::upload(d->layout.entries);
     d->tile_bits = cuda::upload(d->layout.tile_bits);

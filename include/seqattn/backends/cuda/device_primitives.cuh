@@ -124,6 +124,14 @@ template <int D>
 __device__ __forceinline__ int swizzle(int row, int col) {
   return row * D + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
 }
+// The swizzled [rows][D] tile as a layout type (the kernels built on
+// mma.sync); wgmma.cuh's WgmmaTile is the other. kRowElems: elements between
+// rows r and r + 1 at a fixed column.
+template <int D>
+struct RowSwizzle {
+  static constexpr int kRowElems = D;
+  static __device__ __forceinline__ int offset(int row, int col) { return swizzle<D>(row, col); }
+};
 // The same layout seen by ldmatrix: the physical chunk of logical chunk c in
 // row r is c ^ (r & 7), so for a thread whose row is fixed mod 8 the byte
 // address of chunk 2j + h is (row base + 16 * (h ^ (r & 7))) ^ (32 j) when
@@ -141,22 +149,22 @@ __device__ __forceinline__ uint32_t frag_offset(int row, int half) {
 // column chunk, so its shared address and global pointer advance by a fixed
 // step per pass: no swizzle or address math per copy. Rows past kv_len and
 // chunks past `cols` are zero-filled.
-template <int D, int kThreads, class T, int kTileRows = kKeys>
+template <int D, int kThreads, class T, int kTileRows = kKeys, class Layout = RowSwizzle<D>>
 __device__ __forceinline__ void load_kv_tile(T* stage, const T* row0_ptr, long long token_stride, int key0, int kv_len,
                                              int cols, const T* any_valid, const int* pages = nullptr,
                                              int page_size = 0, long long page_stride = 0) {
   constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;
   static_assert(kRowsPerPass % 8 == 0 && kTileRows % kRowsPerPass == 0, "the swizzle repeats every 8 rows");
   const int chunk = threadIdx.x % kChunks, row = threadIdx.x / kChunks;
-  T* dst = stage + swizzle<D>(row, chunk * 8);
+  T* dst = stage + Layout::offset(row, chunk * 8);
   const bool col_ok = chunk * 8 < cols;
   if (pages == nullptr) {
     const T* src = row0_ptr + (key0 + row) * token_stride + chunk * 8;
 #pragma unroll
     for (int pass = 0; pass < kTileRows / kRowsPerPass; ++pass) {
       const bool ok = col_ok && key0 + row + pass * kRowsPerPass < kv_len;
-      cp_async_16(dst + pass * kRowsPerPass * D, ok ? src + pass * kRowsPerPass * token_stride : any_valid,
-                  ok ? 16 : 0);
+      cp_async_16(dst + pass * kRowsPerPass * Layout::kRowElems,
+                  ok ? src + pass * kRowsPerPass * token_stride : any_valid, ok ? 16 : 0);
     }
   } else {
     // One table lookup per row: a tile touches one or a few pages.
@@ -166,7 +174,7 @@ __device__ __forceinline__ void load_kv_tile(T* stage, const T* row0_ptr, long l
       const bool ok = col_ok && key < kv_len;
       const T* src = any_valid;
       if (ok) src = row0_ptr + pages[key / page_size] * page_stride + (key % page_size) * token_stride + chunk * 8;
-      cp_async_16(dst + pass * kRowsPerPass * D, src, ok ? 16 : 0);
+      cp_async_16(dst + pass * kRowsPerPass * Layout::kRowElems, src, ok ? 16 : 0);
     }
   }
 }
@@ -190,15 +198,15 @@ __device__ __forceinline__ bool non_finite2(uint32_t w) {
 
 // Whether the chunks this thread copied into a stage of kTileRows rows
 // (load_kv_tile's chunks) hold a non-finite value.
-template <int D, int kThreads, class T, int kTileRows = kKeys>
+template <int D, int kThreads, class T, int kTileRows = kKeys, class Layout = RowSwizzle<D>>
 __device__ __forceinline__ bool own_chunks_non_finite(const T* stage) {
   constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;
   const int chunk = threadIdx.x % kChunks, row = threadIdx.x / kChunks;
-  const T* src = stage + swizzle<D>(row, chunk * 8);
+  const T* src = stage + Layout::offset(row, chunk * 8);
   bool bad = false;
 #pragma unroll
   for (int pass = 0; pass < kTileRows / kRowsPerPass; ++pass) {
-    const uint4 w = *reinterpret_cast<const uint4*>(src + pass * kRowsPerPass * D);
+    const uint4 w = *reinterpret_cast<const uint4*>(src + pass * kRowsPerPass * Layout::kRowElems);
     bad |= non_finite2<T>(w.x) | non_finite2<T>(w.y) | non_finite2<T>(w.z) | non_finite2<T>(w.w);
   }
   return bad;
@@ -210,7 +218,7 @@ __device__ __forceinline__ bool own_chunks_non_finite(const T* stage) {
 // fragments over kN * 8 columns, which are rows key_begin + ... of the stage;
 // o: the slice's output fragments. Each weight comes from the quad lane that
 // holds it; weights are rounded to the storage type as the MMA would.
-template <class T, int D, int kN>
+template <class T, int D, int kN, class Layout = RowSwizzle<D>>
 __device__ __forceinline__ void select_accumulate(const float (&s)[kN][4], float (&o)[D / 8][4], const T* v_stage,
                                                   int key_begin, int lane) {
   using Mma = MmaType<T>;
@@ -225,8 +233,8 @@ __device__ __forceinline__ void select_accumulate(const float (&s)[kN][4], float
 #pragma unroll
       for (int nd = 0; nd < D / 8; ++nd) {
         const int col = nd * 8 + 2 * (lane % 4);
-        const float v0 = Mma::to_float(v_stage[swizzle<D>(key, col)]);
-        const float v1 = Mma::to_float(v_stage[swizzle<D>(key, col + 1)]);
+        const float v0 = Mma::to_float(v_stage[Layout::offset(key, col)]);
+        const float v1 = Mma::to_float(v_stage[Layout::offset(key, col + 1)]);
         if (p0 != 0.0f) {
           o[nd][0] = fmaf(p0, v0, o[nd][0]);
           o[nd][1] = fmaf(p0, v1, o[nd][1]);

@@ -17,66 +17,31 @@
 // read one 64-bit word of deduplicated tile bits per row.
 // Defaults measured on an NVIDIA H100 80GB HBM3 (sm_90).
 //
-// The kernels are sequences of named steps: cta_task (which rows and which
-// slice of the mask row), load_q / load_kv (cp.async, zero-filled past the
-// ends; paged K/V through the page list), warp_scores (S = Q K^T), score_and_mask (variant + mask),
-// online_softmax (running max and sum, rescale of the output), warp_accumulate
-// (O += P V with P kept in registers), and the epilogue (normalize, sinks,
-// LSE, or a partial result for the split merge).
+// Register budget measured with nvcc 13.0: ptxas gives the D = 128 prefill
+// kernel 255 registers and about 5 KB of spill stores per thread.
+//
+// The kernels are sequences of named steps, shared with the Hopper kernel
+// (wgmma_forward_kernel.cuh) where the MMAs do not differ: cta_task and
+// load_q / load_kv (forward_tiles.cuh: cp.async, zero-filled past the ends;
+// paged K/V through the page list), warp_scores (S = Q K^T), score_and_mask
+// (forward_tiles.cuh: hook + mask), online_softmax (online_softmax.cuh:
+// running max and sum, rescale of the output), warp_accumulate (O += P V
+// with P kept in registers), and the epilogue (forward_epilogue.cuh:
+// normalize, sinks, LSE, or a partial result for the split merge). On
+// compute capability 9.x the backend runs prefill on the Hopper kernel when
+// it was built (cuda.cuh, SEQATTN_CUDA_WGMMA); decode and D = 256 stay here.
 #pragma once
 
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include "seqattn/backends/cuda/device_primitives.cuh"
-#include "seqattn/backends/cuda/score_hooks.cuh"
+#include "seqattn/backends/cuda/forward_epilogue.cuh"
+#include "seqattn/backends/cuda/forward_tiles.cuh"
+#include "seqattn/backends/cuda/online_softmax.cuh"
 
 namespace seqattn::cuda::detail {
 
 inline constexpr int kMergeThreads = 256;
-
-// One sequence of the call: element offsets of token 0 in each tensor, the
-// lengths, the mask row of (head 0, q-block 0) and the compact token index
-// (split workspace row) of query 0.
-struct DeviceSequence {
-  long long q_base, k_base, v_base, out_base, lse_base;
-  int q_len, kv_len;
-  long long mask_row;
-  long long q_token;
-  long long page_list;  // paged K/V: this sequence's first entry in ForwardParams::pages
-};
-
-template <class T>
-struct ForwardParams {
-  const T* q;
-  const T* k;
-  const T* v;
-  T* out;
-  float* lse;  // null: not requested
-  long long q_token_stride, q_head_stride, k_token_stride, k_head_stride, v_token_stride, v_head_stride;
-  long long out_token_stride, out_head_stride, lse_token_stride, lse_head_stride;
-  const DeviceSequence* sequences;
-  const int* row_offsets;
-  const int2* entries;  // (kv_block, tile); tile -1 = full
-  const unsigned long long* tile_bits;
-  const int2* items;  // (sequence, first query)
-  int heads, group, heads_per_cta, queries_per_cta, mask_heads, dk, dv, kv_splits;
-  // Score variant: logit = softcap(scale * q.k) - alibi, kept in log2 units.
-  float scale_log2;           // scale * log2(e) (no softcap)
-  float softcap_inner;        // scale / cap (softcap on)
-  float softcap_log2;         // cap * log2(e); 0 = no softcap
-  const float* alibi_slopes;  // per query head, null = none
-  const float* sinks;         // per query head, null = none
-  // Split workspace (kv_splits > 1): [split][token][head][dv] and [split][token][head].
-  float* part_out;
-  float* part_lse;
-  long long q_tokens;  // compact query tokens of the call (workspace rows per split)
-  // Paged K/V (null pages: contiguous): key j of a sequence is slot
-  // j % page_size of page pages[page_list + j / page_size].
-  const int* pages;
-  int page_size;
-  long long k_page_stride, v_page_stride;
-};
 
 // D <= 128: 4 warps of 32 rows (two m16 slices share every K and V fragment
 // read from shared memory, halving that traffic per MMA, FA2's layout), Q
@@ -92,117 +57,6 @@ struct KernelConfig {
   static constexpr int kSmemBytes = kSmemElems * 2;
 };
 
-// Which query and head a score row of this CTA is, and whether it exists.
-struct RowId {
-  int q;
-  int head;
-  bool valid;
-};
-template <class T>
-__device__ __forceinline__ RowId row_id(const ForwardParams<T>& p, int row, int q_begin, int q_len, int head_group) {
-  const int q = q_begin + row / p.heads_per_cta;
-  const int head = head_group * p.heads_per_cta + row % p.heads_per_cta;
-  return {q, head, q < q_len && q < q_begin + p.queries_per_cta};
-}
-
-// What one CTA computes: its sequence (and its index, ScoreIndex's batch),
-// queries, kv head and the slice of its mask row's entries that its KV split covers.
-struct CtaTask {
-  const DeviceSequence* seq;
-  int batch, head_group, split;
-  int q_begin, q_len, kv_len, q_block, kv_head;
-  int e_begin, e_end;  // entries [e_begin, e_end)
-};
-
-template <class T>
-__device__ __forceinline__ CtaTask cta_task(const ForwardParams<T>& p) {
-  CtaTask c;
-  const int2 item = p.items[blockIdx.x];
-  c.seq = &p.sequences[item.x];
-  c.batch = item.x;
-  c.head_group = blockIdx.y;
-  c.split = blockIdx.z;
-  c.q_begin = item.y;
-  c.q_len = c.seq->q_len;
-  c.kv_len = c.seq->kv_len;
-  c.q_block = c.q_begin / kRows;
-  c.kv_head = c.head_group * p.heads_per_cta / p.group;
-  const long long mask_row =
-      c.seq->mask_row + static_cast<long long>(p.mask_heads > 1 ? c.head_group : 0) * ((c.q_len + kRows - 1) / kRows) +
-      c.q_block;
-  const int row_begin = p.row_offsets[mask_row], n_row = p.row_offsets[mask_row + 1] - row_begin;
-  c.e_begin = row_begin + static_cast<int>(static_cast<long long>(n_row) * c.split / p.kv_splits);
-  c.e_end = row_begin + static_cast<int>(static_cast<long long>(n_row) * (c.split + 1) / p.kv_splits);
-  return c;
-}
-
-// load_q: the CTA's first `rows` score rows of Q (zero rows past the end).
-template <int D, int kThreads, class T>
-__device__ __forceinline__ void load_q(T* q_smem, int rows, const ForwardParams<T>& p, const CtaTask& c) {
-  constexpr int kChunks = D / 8;
-  for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
-    const int row = i / kChunks, chunk = i % kChunks;
-    const RowId r = row_id(p, row, c.q_begin, c.q_len, c.head_group);
-    const bool ok = r.valid && chunk * 8 < p.dk;
-    const T* src = ok ? p.q + c.seq->q_base + r.q * p.q_token_stride + r.head * p.q_head_stride + chunk * 8 : p.q;
-    cp_async_16(q_smem + swizzle<D>(row, chunk * 8), src, ok ? 16 : 0);
-  }
-}
-
-// load_kv: the K and V tiles of mask entry `entry` into one stage.
-template <int D, int kThreads, class T>
-__device__ __forceinline__ void load_kv(T* k_stage, T* v_stage, int entry, const ForwardParams<T>& p,
-                                        const CtaTask& c) {
-  const int key0 = p.entries[entry].x * kKeys;
-  const int* pages = p.pages ? p.pages + c.seq->page_list : nullptr;
-  load_kv_tile<D, kThreads>(k_stage, p.k + c.seq->k_base + c.kv_head * p.k_head_stride, p.k_token_stride, key0,
-                            c.kv_len, p.dk, p.k, pages, p.page_size, p.k_page_stride);
-  load_kv_tile<D, kThreads>(v_stage, p.v + c.seq->v_base + c.kv_head * p.v_head_stride, p.v_token_stride, key0,
-                            c.kv_len, p.dv, p.v, pages, p.page_size, p.v_page_stride);
-}
-
-// score_mod_slice: one m16 x 64 slice of scores (C fragments, rows
-// row0 + lane/4 and + 8) to log2-unit logits through the score hook
-// (score_hooks.cuh), e.g. softcap(scale * s) - ALiBi.
-template <class Hook, class T, int N>
-__device__ __forceinline__ void score_mod_slice(const ForwardParams<T>& p, const Hook& hook, float (&s)[N][4], int row0,
-                                                int batch, int q_begin, int q_len, int kv_len, int head_group, int key0,
-                                                int lane, int col0 = 0) {
-  typename Hook::Head head[2];
-  int row_q[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const RowId r = row_id(p, row0 + lane / 4 + 8 * i, q_begin, q_len, head_group);
-    row_q[i] = r.q;
-    head[i] = hook.head(p, r.head, r.valid);
-  }
-#pragma unroll
-  for (int nt = 0; nt < N; ++nt) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int i = c / 2, key = key0 + col0 + nt * 8 + (lane % 4) * 2 + (c % 2);
-      s[nt][c] = hook.logit(p, head[i], s[nt][c], ScorePair{batch, row_q[i], key, q_len, kv_len, kv_len - q_len});
-    }
-  }
-}
-
-// mask_slice: -inf where the tile's bits (tile >= 0) or the end of the keys
-// exclude a score. Columns col0 + [0, 8N) of the 64-key tile.
-template <class T, int N>
-__device__ __forceinline__ void mask_slice(const ForwardParams<T>& p, float (&s)[N][4], int row0, int q_begin,
-                                           int q_len, int kv_len, int head_group, int key0, int tile, int q_block,
-                                           int lane, int col0 = 0) {
-  unsigned long long words[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const RowId r = row_id(p, row0 + lane / 4 + 8 * i, q_begin, q_len, head_group);
-    unsigned long long bits = ~0ull;
-    if (tile >= 0) bits = r.valid ? p.tile_bits[static_cast<long long>(tile) * kRows + (r.q - q_block * kRows)] : 0ull;
-    words[i] = bits & low_bits(kv_len - key0);  // 1 .. 63 keys of the last tile exist
-  }
-  apply_row_bits(s, words, col0, lane);
-}
-
 // Hook: the score hook (score_hooks.cuh). PlainScores (scale only) keeps the
 // plain kernel's registers for the tiles; any other hook changes the scores
 // into log2-unit logits before the mask.
@@ -211,7 +65,6 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1)
     forward_kernel(const ForwardParams<T> p, const Hook hook) {
   constexpr bool kScoreMod = Hook::kModifiesScores;
   using Cfg = KernelConfig<D>;
-  using Mma = MmaType<T>;
   constexpr int kS = Cfg::kSlices;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);
@@ -230,13 +83,11 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1)
   // The sequence is read in place (not copied to registers): most fields
   // serve only the loads or the epilogue, and registers are scarce here.
   const CtaTask task = cta_task(p);
-  const DeviceSequence& seq = *task.seq;
-  const int head_group = task.head_group, split = task.split, q_begin = task.q_begin, q_len = task.q_len,
-            kv_len = task.kv_len, q_block = task.q_block, e_begin = task.e_begin, e_end = task.e_end;
+  const int head_group = task.head_group, q_begin = task.q_begin, q_len = task.q_len, kv_len = task.kv_len,
+            q_block = task.q_block, e_begin = task.e_begin, e_end = task.e_end;
 
   // Score rows of this thread: slice t, half i is row warp*16*kS + t*16 + lane/4 + 8*i.
   const int warp_row0 = warp * 16 * kS;
-  auto row_of = [&](int t, int i) { return warp_row0 + t * 16 + lane / 4 + 8 * i; };
   const int valid_rows = min(kRows, (q_len - q_begin) * p.heads_per_cta);
   const bool warp_active = warp_row0 < valid_rows;
 
@@ -318,39 +169,10 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1)
       // only when some row's max moved (late tiles of long rows rarely do).
       bool moved = false;
 #pragma unroll
-      for (int t = 0; t < kS; ++t) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int nt = 0; nt < kKeys / 8; ++nt) mx = fmaxf(mx, fmaxf(s[t][nt][2 * i], s[t][nt][2 * i + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[t][i], mx);
-          const float m_use = m_new == -INFINITY ? 0.0f : m_new * unit;  // a row with nothing allowed yet: 0
-          const float correction = fast_exp2(m[t][i] * unit - m_use);
-          moved |= correction != 1.0f;
-          corr[t][i] = correction;
-          m[t][i] = m_new;
-          l[t][i] *= correction;
-#pragma unroll
-          for (int nt = 0; nt < kKeys / 8; ++nt) {
-            s[t][nt][2 * i] = fast_exp2(fmaf(s[t][nt][2 * i], unit, -m_use));
-            s[t][nt][2 * i + 1] = fast_exp2(fmaf(s[t][nt][2 * i + 1], unit, -m_use));
-            l[t][i] += s[t][nt][2 * i] + s[t][nt][2 * i + 1];
-          }
-        }
-      }
+      for (int t = 0; t < kS; ++t) moved |= online_softmax_step(s[t], m[t], l[t], corr[t], unit);
       if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-        for (int t = 0; t < kS; ++t)
-#pragma unroll
-          for (int nd = 0; nd < D / 8; ++nd) {
-            o[t][nd][0] *= corr[t][0];
-            o[t][nd][1] *= corr[t][0];
-            o[t][nd][2] *= corr[t][1];
-            o[t][nd][3] *= corr[t][1];
-          }
+        for (int t = 0; t < kS; ++t) rescale_output(o[t], corr[t]);
       }
 
       // ---- warp_accumulate: O += P V, P reused from the score registers; each
@@ -363,12 +185,7 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1)
         for (int kk = 0; kk < kKeys / 16; ++kk) {
           uint32_t a[kS][4];
 #pragma unroll
-          for (int t = 0; t < kS; ++t) {
-            a[t][0] = Mma::pack(s[t][2 * kk][0], s[t][2 * kk][1]);
-            a[t][1] = Mma::pack(s[t][2 * kk][2], s[t][2 * kk][3]);
-            a[t][2] = Mma::pack(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
-            a[t][3] = Mma::pack(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
-          }
+          for (int t = 0; t < kS; ++t) weights_as_a<T>(a[t], s[t], kk);
 #pragma unroll
           for (int np = 0; np < D / 16; ++np) {
             uint32_t b[4];
@@ -389,78 +206,16 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1)
     }
   }
   cp_async_wait<0>();
+  __syncthreads();  // no copy into the Q tile is in flight (a row without tiles never waited for its Q)
 
   // ---- epilogue: row sums across the quad, sinks, normalize, write.
-  const bool split_mode = p.kv_splits > 1;
-  const int lane_col = (lane % 4) * 2;
 #pragma unroll
   for (int t = 0; t < kS; ++t) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float l_fin = l[t][i];
-      l_fin += __shfl_xor_sync(0xffffffffu, l_fin, 1);
-      l_fin += __shfl_xor_sync(0xffffffffu, l_fin, 2);
-      const RowId r = row_id(p, row_of(t, i), q_begin, q_len, head_group);
-      if (!r.valid) continue;
-      float scale_o = 1.0f, lse = -INFINITY, m_fin = m[t][i] * unit;
-      if (p.sinks && !split_mode) {
-        const float sink = p.sinks[r.head] * kLog2e;
-        const float m_new = fmaxf(m_fin, sink);
-        l_fin = l_fin * fast_exp2(m_fin - m_new) + fast_exp2(sink - m_new);
-        scale_o = fast_exp2(m_fin - m_new);  // 0 when no key was allowed
-        m_fin = m_new;
-      }
-      if (l_fin > 0.0f) {
-        scale_o /= l_fin;
-        lse = (m_fin + __log2f(l_fin)) * kLn2;
-      } else if (isnan(l_fin)) {  // a NaN or +inf logit reached the row
-        scale_o = lse = l_fin;
-      } else {
-        scale_o = 0.0f;
-      }
-      if (!split_mode) {
-        // Staged in the (now free) Q tile, stored below in 16-byte chunks.
-        const int row = row_of(t, i);
-#pragma unroll
-        for (int nd = 0; nd < D / 8; ++nd) {
-          Mma::store2(q_smem + swizzle<D>(row, nd * 8 + lane_col), o[t][nd][2 * i] * scale_o,
-                      o[t][nd][2 * i + 1] * scale_o);
-        }
-        if (p.lse && lane % 4 == 0) p.lse[seq.lse_base + r.q * p.lse_token_stride + r.head * p.lse_head_stride] = lse;
-      } else {
-        // A partial result for merge_splits_kernel: normalized by this split's
-        // own sum (no sink), with its LSE.
-        const long long at = (split * p.q_tokens + seq.q_token + r.q) * p.heads + r.head;
-        float* part_row = p.part_out + at * p.dv;
-#pragma unroll
-        for (int nd = 0; nd < D / 8; ++nd) {
-          const int col = nd * 8 + lane_col;
-          if (col < p.dv) {
-            *reinterpret_cast<float2*>(part_row + col) =
-                make_float2(o[t][nd][2 * i] * scale_o, o[t][nd][2 * i + 1] * scale_o);
-          }
-        }
-        if (lane % 4 == 0) p.part_lse[at] = lse;
-      }
-    }
+    finish_slice<D, RowSwizzle<D>>(p, task, o[t], m[t], l[t], unit, warp_row0 + t * 16, q_smem, lane);
   }
-  if (!split_mode) {
+  if (p.kv_splits == 1) {
     __syncthreads();
-    constexpr int kChunks = D / 8;
-    for (int c = threadIdx.x; c < kRows * kChunks; c += Cfg::kThreads) {
-      const int row = c / kChunks, chunk = c % kChunks;
-      const RowId r = row_id(p, row, q_begin, q_len, head_group);
-      if (!r.valid || chunk * 8 >= p.dv) continue;
-      T* dst = p.out + seq.out_base + r.q * p.out_token_stride + r.head * p.out_head_stride + chunk * 8;
-      const int4 v = *reinterpret_cast<const int4*>(q_smem + swizzle<D>(row, chunk * 8));
-      if ((reinterpret_cast<std::uintptr_t>(dst) & 15) == 0) {
-        *reinterpret_cast<int4*>(dst) = v;
-      } else {  // out rows need only 4-byte alignment
-        const int* w = reinterpret_cast<const int*>(&v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) reinterpret_cast<int*>(dst)[j] = w[j];
-      }
-    }
+    store_staged_rows<D, Cfg::kThreads, RowSwizzle<D>>(p, task, q_smem);
   }
 }
 
@@ -547,41 +302,14 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Forward
 
     // ---- online_softmax over this warp's keys.
     float corr[2];
-    bool moved = false;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = fmaxf(fmaxf(sc[0][2 * i], sc[0][2 * i + 1]), fmaxf(sc[1][2 * i], sc[1][2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[i], mx);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new * unit;
-      corr[i] = fast_exp2(m[i] * unit - m_use);
-      moved |= corr[i] != 1.0f;
-      m[i] = m_new;
-      l[i] *= corr[i];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        sc[nt][2 * i] = fast_exp2(fmaf(sc[nt][2 * i], unit, -m_use));
-        sc[nt][2 * i + 1] = fast_exp2(fmaf(sc[nt][2 * i + 1], unit, -m_use));
-        l[i] += sc[nt][2 * i] + sc[nt][2 * i + 1];
-      }
-    }
-    if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd) {
-        o[nd][0] *= corr[0];
-        o[nd][1] *= corr[0];
-        o[nd][2] *= corr[1];
-        o[nd][3] *= corr[1];
-      }
-    }
+    if (__any_sync(0xffffffffu, online_softmax_step(sc, m, l, corr, unit))) rescale_output(o, corr);
 
     // ---- warp_accumulate: O += P V over the same 16 keys (select_accumulate: see forward_kernel).
     if (v_non_finite) {
       select_accumulate<T, D>(sc, o, vs, col0, lane);
     } else {
-      const uint32_t a[4] = {Mma::pack(sc[0][0], sc[0][1]), Mma::pack(sc[0][2], sc[0][3]),
-                             Mma::pack(sc[1][0], sc[1][1]), Mma::pack(sc[1][2], sc[1][3])};
+      uint32_t a[4];
+      weights_as_a<T>(a, sc, 0);
 #pragma unroll
       for (int np = 0; np < D / 16; ++np) {
         uint32_t b[4];

@@ -62,6 +62,7 @@ struct LaunchPlan {
   index_t head_dim = 0;               // the kernel's padded head dim: 64, 128 or 256
   index_t heads_per_cta = 1;          // 1, or the GQA group when packed
   bool decode = false;                // the 16-row decode kernel
+  bool wgmma = false;                 // the Hopper prefill kernel (use_wgmma)
   index_t rows_per_cta = kBlockQ;     // 128, or 16 for the decode kernel
   index_t queries_per_cta = kBlockQ;  // rows_per_cta / heads_per_cta
   index_t head_groups = 0;            // grid.y
@@ -86,6 +87,15 @@ struct LaunchPlan {
 inline index_t padded_head_dim(index_t dk, index_t dv) {
   const index_t d = std::max(dk, dv);
   return d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
+
+// Whether a plan's prefill runs on the Hopper kernel
+// (backends/cuda/wgmma_forward_kernel.cuh) rather than the mma.sync one: the
+// kernels were built for sm_90a (SEQATTN_CUDA_WGMMA), the device has compute
+// capability 9.x, the head dim is at most 128, and the decode kernel does
+// not take the shape.
+inline bool use_wgmma(const LaunchPlan& plan, int compute_major, bool built_for_sm90a) {
+  return built_for_sm90a && compute_major == 9 && !plan.decode && plan.head_dim <= 128;
 }
 
 // Appends the items of (weight, item) pairs to `out`, heaviest first (ties

@@ -84,12 +84,6 @@ if(DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
 else()
   set(_seqattn_cuda_std_flag -std=c++20)
 endif()
-if(PROJECT_IS_TOP_LEVEL)
-  message(
-    STATUS
-      "seqattn: CUDA ${CMAKE_CUDA_COMPILER_VERSION} (${CMAKE_CUDA_COMPILER}), architectures ${CMAKE_CUDA_ARCHITECTURES}, host compiler ${CMAKE_CUDA_HOST_COMPILER}, wgmma kernel ${_seqattn_cuda_wgmma}"
-  )
-endif()
 
 # The Hopper prefill kernel (backends/cuda/wgmma_forward_kernel.cuh) exists
 # only in sm_90a code: with 90a among the architectures, the CUDA targets
@@ -101,6 +95,13 @@ foreach(_arch IN LISTS CMAKE_CUDA_ARCHITECTURES)
     set(_seqattn_cuda_wgmma ON)
   endif()
 endforeach()
+
+if(PROJECT_IS_TOP_LEVEL)
+  message(
+    STATUS
+      "seqattn: CUDA ${CMAKE_CUDA_COMPILER_VERSION} (${CMAKE_CUDA_COMPILER}), architectures ${CMAKE_CUDA_ARCHITECTURES}, host compiler ${CMAKE_CUDA_HOST_COMPILER}, wgmma kernel ${_seqattn_cuda_wgmma}"
+  )
+endif()
 
 # Options for seqattn's own .cu sources, the CUDA counterpart of
 # seqattn_project_options (whose bare GCC flags nvcc would reject).

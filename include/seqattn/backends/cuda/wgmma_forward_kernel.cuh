@@ -89,11 +89,17 @@ __global__ void __launch_bounds__(WgmmaConfig<D>::kThreads, WgmmaConfig<D>::kCta
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float unit = kScoreMod ? 1.0f : p.scale_log2;
-  // Descriptor addresses: this warpgroup's 64 Q rows; a k16 step is 32
-  // bytes into a 128-byte row, the next 64 dims the next column block.
+  // Descriptors, built once: this warpgroup's 64 Q rows, stage 0 of K and
+  // V. A k16 step is 32 bytes into a 128-byte row, the next 64 dims the next
+  // column block; other stages and steps add their byte offset / 16 to the
+  // address field (shared addresses stay below 2^18, so it never carries).
   constexpr uint32_t kQBlockBytes = QTile::kBlockElems * 2, kKvBlockBytes = KvTile::kBlockElems * 2;
   constexpr uint32_t kAtomBytes = 8 * 128;  // 8 rows of 128 bytes
-  const uint32_t q_base = smem_addr(q_smem) + warpgroup * 64 * 128;
+  constexpr uint32_t kStageBytes = kKeys * D * 2;
+  const uint64_t q_desc = wgmma_desc(smem_addr(q_smem) + warpgroup * 64 * 128, 16, kAtomBytes);
+  const uint64_t k_desc = wgmma_desc(smem_addr(k_smem), 16, kAtomBytes);
+  // V: LBO steps to the next 64 dims, SBO to the next 8 keys.
+  const uint64_t v_desc = wgmma_desc(smem_addr(v_smem), kKvBlockBytes, kAtomBytes);
 
   for (int e = e_begin; e < e_end; ++e) {
     const int stage = (e - e_begin) & 1;
@@ -107,15 +113,15 @@ __global__ void __launch_bounds__(WgmmaConfig<D>::kThreads, WgmmaConfig<D>::kCta
 
     if (warpgroup_active) {
       // ---- warpgroup_scores: S (64 x 64) = Q_wg K^T.
-      const uint32_t k_base = smem_addr(k_smem + stage * kKeys * D);
+      const uint64_t k_stage_desc = k_desc + stage * (kStageBytes >> 4);
       float s[kKeys / 8][4] = {};
       fence_fragments(s);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t at = (kk % 4) * 32u;
-        wgmma_scores<T>(s, wgmma_desc(q_base + (kk / 4) * kQBlockBytes + at, 16, kAtomBytes),
-                        wgmma_desc(k_base + (kk / 4) * kKvBlockBytes + at, 16, kAtomBytes), kk > 0);
+        const uint32_t at = ((kk / 4) * kQBlockBytes + (kk % 4) * 32u) >> 4;
+        const uint32_t kv_at = ((kk / 4) * kKvBlockBytes + (kk % 4) * 32u) >> 4;
+        wgmma_scores<T>(s, q_desc + at, k_stage_desc + kv_at, kk > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -141,13 +147,13 @@ __global__ void __launch_bounds__(WgmmaConfig<D>::kThreads, WgmmaConfig<D>::kCta
         uint32_t a[kKeys / 16][4];
 #pragma unroll
         for (int kk = 0; kk < kKeys / 16; ++kk) weights_as_a<T>(a[kk], s, kk);
-        const uint32_t v_base = smem_addr(v_stage);
+        const uint64_t v_stage_desc = v_desc + stage * (kStageBytes >> 4);
         fence_fragments(o);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kKeys / 16; ++kk) {
-          // 16 keys = 2 atoms of 8 keys; LBO: the next 64 dims, SBO: the next 8 keys.
-          wgmma_accumulate<T, D>(o, a[kk], wgmma_desc(v_base + kk * 2 * kAtomBytes, kKvBlockBytes, kAtomBytes));
+          // 16 keys: 2 atoms of 8 keys.
+          wgmma_accumulate<T, D>(o, a[kk], v_stage_desc + ((kk * 2 * kAtomBytes) >> 4));
         }
         wgmma_commit();
         wgmma_wait<0>();

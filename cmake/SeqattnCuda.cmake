@@ -58,9 +58,15 @@ endif()
 # instructions of the wgmma prefill kernel): SASS for both plus their PTX.
 # Each architecture costs a full device compilation, so keep the list short;
 # override with -DCMAKE_CUDA_ARCHITECTURES=... or CUDAARCHS.
+# The "a" suffix was checked with CMake 3.25; older versions get 80;90 (no
+# wgmma kernel).
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND "$ENV{CUDAARCHS}" STREQUAL "")
+  set(_seqattn_hopper_arch 90a)
+  if(CMAKE_VERSION VERSION_LESS 3.25)
+    set(_seqattn_hopper_arch 90)
+  endif()
   set(CMAKE_CUDA_ARCHITECTURES
-      "80;90a"
+      "80;${_seqattn_hopper_arch}"
       CACHE STRING "CUDA architectures for seqattn's CUDA targets")
 endif()
 # nvcc compiles host code with the project's C++ compiler, not whatever g++ is
@@ -161,7 +167,7 @@ endfunction()
 # per configuration, which many cores compile in parallel; "type" one file per
 # storage type holding all of its configurations. Every file costs nvcc about
 # 8 s of front-end work (cudafe++, cicc and g++ parsing the headers) before
-# any kernel code, so on two cores a compile-only build (90-virtual,
+# any kernel code, so on two cores a compile-only build (90a-virtual,
 # -Xcicc -O0: little kernel code generation) is about twice as fast with
 # "type"; scripts/test.sh (release) and scripts/test-python.sh use it where
 # there is no GPU.

@@ -53,7 +53,7 @@ flags=(-std=c++20 -O3 -DNDEBUG "${gencode[@]}" -ccbin "$cxx" --cudart=static -Xf
 for f in "${simd[@]}"; do
   if [[ $f == -D* || $f == -U* ]]; then flags+=("$f"); else flags+=("-Xcompiler=$f"); fi
 done
-[[ " ${gencode[*]} " == *compute_90a* ]] && flags+=(-DSEQATTN_CUDA_WGMMA)
+[[ " ${gencode[*]} " == *90a* ]] && flags+=(-DSEQATTN_CUDA_WGMMA)
 link=(-Xcompiler=-static-libstdc++ -Xcompiler=-static-libgcc)
 
 # Catch2: v2 (Debian 12) is header-only and the test compiles its runner; v3

@@ -26,7 +26,7 @@
 # one architecture, as PTX alone (CUDAARCHS=90a-virtual, when not already set:
 # no ptxas), with the device code unoptimized (CUDAFLAGS -Xcicc -O0: cicc's
 # optimizer took most of the rest), checks the same source at about a tenth of
-# the cost of optimized sm_80 + sm_90 binaries. No nvcc: the
+# the cost of optimized sm_80 + sm_90a binaries. No nvcc: the
 # option is off and the stage passes without them. asan/tsan/fuzz never
 # build CUDA code; the host-only CUDA planning tests (tests/cuda/*.cpp) run
 # in release and asan. The dispatch library (src/dispatch.cc, every Highway

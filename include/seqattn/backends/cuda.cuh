@@ -453,7 +453,7 @@ void launch_forward(const ForwardParams<T>& p, const LaunchPlan& lp, const Hook&
       launched = true;
     }
 #if defined(SEQATTN_CUDA_WGMMA)
-    if (lp.wgmma) {
+    else if (lp.wgmma) {
       using Cfg = WgmmaConfig<D>;
       auto* kernel = &wgmma_forward_kernel<T, D, Hook>;
       allow_shared_memory<&wgmma_forward_kernel<T, D, Hook>>(Cfg::kSmemBytes,

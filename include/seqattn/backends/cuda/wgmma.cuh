@@ -1,7 +1,7 @@
 // sm_90a building blocks of the Cuda backend's Hopper forward kernel
 // (wgmma_forward_kernel.cuh): the shared-memory tile layout that wgmma reads,
 // its matrix descriptors, and the warpgroup MMA instructions with their
-// fences. Device code here is compiled only for the sm_90a target
+// fences. The instructions are compiled only for the sm_90a target
 // (SEQATTN_CUDA_SM90A below); the host side of the backend chooses the kernel.
 //
 // Layout (WgmmaTile): a [rows][D] tile of 16-bit values is stored as D / 64

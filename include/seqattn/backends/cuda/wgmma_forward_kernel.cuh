@@ -20,7 +20,8 @@
 // Memory traffic: as forward_kernel (Q once per CTA, K and V once per CTA
 // and listed tile, loaded with cp.async one tile ahead).
 // Measured on an H100 80GB HBM3 (2026-11-27, bench/cuda/bench_cuda.cu, bf16,
-// d = 128, 32 heads): causal 4k 0.525 ms, 16k 6.18 ms; one CTA per SM (255
+// d = 128, 32 heads; before the descriptors were built once, which took
+// another 2-3 %): causal 4k 0.525 ms, 16k 6.18 ms; one CTA per SM (255
 // registers) took 0.648 / 8.09 ms, and FlashAttention-3's intra-warpgroup
 // overlap (S_{j+1} and P_j V_j in flight while the softmax of S_{j+1} runs;
 // three K/V stages, one CTA per SM) 0.644 / 8.07 ms, where the mma.sync

@@ -5,7 +5,8 @@
 # kernels on the same shapes (bench/compare/cuda_vs_torch.py). Each step has
 # its own time limit, so a hang in one leaves the others' results.
 #   scripts/gpu-checks.sh OUTDIR [TEST_FILTER]
-# Writes OUTDIR/tests.log, bench.json, bench.log, torch.json, torch.log (and
+# Writes OUTDIR/tests.log, bench.json, bench.log, bench_mma_sync.json,
+# bench-mma-sync.log, torch.json, torch.log (and
 # sanitize-*.log with SEQATTN_SANITIZE_FILTER set).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,10 @@ if [[ -n "${SEQATTN_SANITIZE_FILTER:-}" ]] && command -v compute-sanitizer >/dev
   done
 fi
 step bench "${SEQATTN_BENCH_SECONDS:-150}" "$bundle/seqattn_bench_cuda" --json "$out/bench.json"
+# The same forward shapes on the mma.sync kernels, where the Hopper (wgmma)
+# kernel ran above: both kernels' figures from one machine.
+step bench-mma-sync "${SEQATTN_BENCH_SECONDS:-150}" "$bundle/seqattn_bench_cuda" --no-backward --no-limits --mma-sync \
+  --json "$out/bench_mma_sync.json"
 export PYTHONUNBUFFERED=1
 step torch "${SEQATTN_TORCH_SECONDS:-200}" python3 bench/compare/cuda_vs_torch.py --json "$out/torch.json"
 exit $status

@@ -244,8 +244,12 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     const double peak = limits ? gemm_tflops(iters) : 1.0, bw = limits ? copy_gbps(iters) : 1.0;
-    std::printf("GPU: %s (%d SMs)\ncuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s; D2D copy: %.0f GB/s (read + write)\n",
-                prop.name, prop.multiProcessorCount, peak, bw);
+    std::printf("GPU: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+    if (limits) {
+      std::printf("cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s; D2D copy: %.0f GB/s (read + write)\n", peak, bw);
+    } else {
+      std::printf("GEMM and copy limits not measured (--no-limits)\n");
+    }
     std::printf("Backward TFLOP/s count 2.5x the forward's useful FLOPs (FlashAttention's convention).\n\n");
     auto tri = [](double n) { return n * (n + 1) / 2; };
     const std::vector<Case> cases{

@@ -83,8 +83,7 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1)
   // The sequence is read in place (not copied to registers): most fields
   // serve only the loads or the epilogue, and registers are scarce here.
   const CtaTask task = cta_task(p);
-  const int head_group = task.head_group, q_begin = task.q_begin, q_len = task.q_len, kv_len = task.kv_len,
-            q_block = task.q_block, e_begin = task.e_begin, e_end = task.e_end;
+  const int q_begin = task.q_begin, q_len = task.q_len, e_begin = task.e_begin, e_end = task.e_end;
 
   // Score rows of this thread: slice t, half i is row warp*16*kS + t*16 + lane/4 + 8*i.
   const int warp_row0 = warp * 16 * kS;
@@ -148,22 +147,9 @@ __global__ void __launch_bounds__(KernelConfig<D>::kThreads, 1)
         }
       }
 
-      // ---- score_and_mask: with a score modification the scores become
-      // log2-unit logits here; plain scores stay raw and are scaled inside
-      // the exponent below (one FFMA per element).
-      const int key0 = entry.x * kKeys;
-      if constexpr (kScoreMod) {
+      // ---- score_and_mask (forward_tiles.cuh).
 #pragma unroll
-        for (int t = 0; t < kS; ++t) {
-          score_mod_slice(p, hook, s[t], warp_row0 + t * 16, task.batch, q_begin, q_len, kv_len, head_group, key0,
-                          lane);
-        }
-      }
-      if (entry.y >= 0 || key0 + kKeys > kv_len) {
-#pragma unroll
-        for (int t = 0; t < kS; ++t)
-          mask_slice(p, s[t], warp_row0 + t * 16, q_begin, q_len, kv_len, head_group, key0, entry.y, q_block, lane);
-      }
+      for (int t = 0; t < kS; ++t) score_and_mask(p, hook, s[t], warp_row0 + t * 16, task, entry, lane);
 
       // ---- online_softmax: running max and sum per row; rescale the output
       // only when some row's max moved (late tiles of long rows rarely do).
@@ -249,7 +235,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Forward
   const CtaTask task = cta_task(p);
   const DeviceSequence& seq = *task.seq;
   const int head_group = task.head_group, split = task.split, q_begin = task.q_begin, q_len = task.q_len,
-            kv_len = task.kv_len, q_block = task.q_block, e_begin = task.e_begin, e_end = task.e_end;
+            e_begin = task.e_begin, e_end = task.e_end;
   load_q<D, kDecodeThreads>(q_smem, 16, p, task);
   auto load_kv_stage = [&](int entry, int stage) {
     load_kv<D, kDecodeThreads>(k_smem + stage * kKeys * D, v_smem + stage * kKeys * D, entry, p, task);
@@ -292,13 +278,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) decode_kernel(const Forward
       mma_16816<T>(sc[0], qa[kk], b[0], b[1]);
       mma_16816<T>(sc[1], qa[kk], b[2], b[3]);
     }
-    const int key0 = entry.x * kKeys;
-    if constexpr (kScoreMod) {
-      score_mod_slice(p, hook, sc, 0, task.batch, q_begin, q_len, kv_len, head_group, key0, lane, col0);
-    }
-    if (entry.y >= 0 || key0 + kKeys > kv_len) {
-      mask_slice(p, sc, 0, q_begin, q_len, kv_len, head_group, key0, entry.y, q_block, lane, col0);
-    }
+    score_and_mask(p, hook, sc, 0, task, entry, lane, col0);
 
     // ---- online_softmax over this warp's keys.
     float corr[2];

@@ -171,4 +171,20 @@ __device__ __forceinline__ void mask_slice(const ForwardParams<T>& p, float (&s)
   apply_row_bits(s, words, col0, lane);
 }
 
+// score_and_mask: one slice of a tile's scores (mask entry `entry`: kv
+// block, tile bits or -1) through the score hook, when it modifies scores
+// (plain scores stay raw and are scaled inside the exponent), then -inf where
+// the mask or the end of the keys excludes them.
+template <class Hook, class T, int N>
+__device__ __forceinline__ void score_and_mask(const ForwardParams<T>& p, const Hook& hook, float (&s)[N][4], int row0,
+                                               const CtaTask& c, int2 entry, int lane, int col0 = 0) {
+  const int key0 = entry.x * kKeys;
+  if constexpr (Hook::kModifiesScores) {
+    score_mod_slice(p, hook, s, row0, c.batch, c.q_begin, c.q_len, c.kv_len, c.head_group, key0, lane, col0);
+  }
+  if (entry.y >= 0 || key0 + kKeys > c.kv_len) {
+    mask_slice(p, s, row0, c.q_begin, c.q_len, c.kv_len, c.head_group, key0, entry.y, c.q_block, lane, col0);
+  }
+}
+
 }  // namespace seqattn::cuda::detail

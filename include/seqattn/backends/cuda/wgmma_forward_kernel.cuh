@@ -71,8 +71,7 @@ __global__ void __launch_bounds__(WgmmaConfig<D>::kThreads, WgmmaConfig<D>::kCta
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warpgroup = warp / 4;
   const CtaTask task = cta_task(p);
-  const int head_group = task.head_group, q_begin = task.q_begin, q_len = task.q_len, kv_len = task.kv_len,
-            q_block = task.q_block, e_begin = task.e_begin, e_end = task.e_end;
+  const int q_begin = task.q_begin, q_len = task.q_len, e_begin = task.e_begin, e_end = task.e_end;
   // Warp w holds score rows 16 w .. 16 w + 15 (wgmma's accumulator layout:
   // per warp, mma.sync's m16n8 C fragments side by side).
   const int warp_row0 = warp * 16;
@@ -128,14 +127,7 @@ __global__ void __launch_bounds__(WgmmaConfig<D>::kThreads, WgmmaConfig<D>::kCta
       wgmma_wait<0>();
       fence_fragments(s);
 
-      // ---- score_and_mask, as forward_kernel.
-      const int key0 = entry.x * kKeys;
-      if constexpr (kScoreMod) {
-        score_mod_slice(p, hook, s, warp_row0, task.batch, q_begin, q_len, kv_len, head_group, key0, lane);
-      }
-      if (entry.y >= 0 || key0 + kKeys > kv_len) {
-        mask_slice(p, s, warp_row0, q_begin, q_len, kv_len, head_group, key0, entry.y, q_block, lane);
-      }
+      score_and_mask(p, hook, s, warp_row0, task, entry, lane);
 
       // ---- online_softmax.
       float corr[2];

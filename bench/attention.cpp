@@ -183,6 +183,23 @@ BENCHMARK_TEMPLATE(BM_PrefillCausal, bfloat16)
     ->Unit(benchmark::kMillisecond)
     ->UseManualTime();
 
+// The same with K/V stored head-major ([B, Hkv, S, D]): one head's rows
+// contiguous. The forward packs BSHD K/V one head at a time where that pays
+// (attention/detail/packed_kv.hpp): both layouts should run alike.
+template <class T>
+void BM_PrefillCausalHeadMajor(benchmark::State& state) {
+  const index_t s = state.range(0);
+  run_attention<T>(state, CausalMask{}, 1, s, s, 8, 8, 128, static_cast<int>(state.range(1)), true);
+}
+BENCHMARK_TEMPLATE(BM_PrefillCausalHeadMajor, float)
+    ->ArgsProduct({{4096, 16384}, {2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+BENCHMARK_TEMPLATE(BM_PrefillCausalHeadMajor, bfloat16)
+    ->ArgsProduct({{4096, 16384}, {2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+
 // 16 documents of unequal length packed into 8192 tokens; compare its time
 // with causal 8k (same tokens, no documents): the ratio should follow `tiles`.
 void BM_Documents8k(benchmark::State& state) {

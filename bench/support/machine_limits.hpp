@@ -118,8 +118,12 @@ HWY_NOINLINE inline double bf16_dot_gflops_one_thread(double seconds) {
   } while (elapsed < seconds);
   __m512 sum = acc[0];
   for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  volatile float sink = _mm512_reduce_add_ps(sum);
-  (void)sink;
+  // Stored, not _mm512_reduce_add_ps: GCC 12 warns (-Werror=uninitialized)
+  // inside that intrinsic's extract in some TUs built with -march=native.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  volatile float sink = lanes[0];
+  for (int i = 1; i < 16; ++i) sink = sink + lanes[i];
   // 32 bf16 MACs per instruction, 2 FLOP each.
   return 64.0 * kChains * static_cast<double>(iterations) / elapsed * 1e-9;
 }

@@ -1011,6 +1011,9 @@ struct Bf16DotKernel {
   // P and V packed into pairs. kHw: the instruction, else its emulation.
   template <bool kHw>
   struct PairDotTiles {
+    // The running band's V pair words (attention/detail/packed_kv.hpp), or null.
+    const detail::BandKv<bfloat16>* band = nullptr;
+
     void load_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
                     const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
       pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), sc.qt.get());
@@ -1043,9 +1046,17 @@ struct Bf16DotKernel {
       }
 #endif
       pack_p(tile.scores, tile.cols, tile.rows_padded);
-      pack_v([&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); }, p.v_strides.dim, tile.cols, p.dv, dvp,
-             sc.vbuf.get());
-      Bf16DotKernel::accumulate_pv<kHw>(tile.scores, tile.rows, (tile.cols + 1) / 2, sc.vbuf.get(), dvp, alpha, o);
+      // The band's pairs where the tile's first key begins one; a tile whose
+      // odd last key pairs with the next key's V gives that key a zero weight
+      // (pack_p), and accumulate_pv skips zero weights where V is not finite.
+      const float* vp = sc.vbuf.get();
+      if (band != nullptr && band->v_pairs && tile.kv_begin % 2 == 0) {
+        vp = band->pairs_from(tile.kv_begin);
+      } else {
+        pack_v([&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); }, p.v_strides.dim, tile.cols, p.dv,
+               dvp, sc.vbuf.get());
+      }
+      Bf16DotKernel::accumulate_pv<kHw>(tile.scores, tile.rows, (tile.cols + 1) / 2, vp, dvp, alpha, o);
     }
   };
 

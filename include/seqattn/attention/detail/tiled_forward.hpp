@@ -1,6 +1,9 @@
 // The running half of the CPU tiled engine, shared by every tiled backend:
 // one task of the plan's work partition, written as named steps.
 //
+//   pack_band            before a band's tasks (prefill: the tasks of one sequence
+//                        and K/V head), its K rows and V copied once into the
+//                        layout the tasks read (packed_kv.hpp)
 //   load_query_tile      Q rows of the task -> Qt [dk][kBlockQ], pre-scaled
 //   load_kv_tile         K or V rows of one tile, used in place or staged as fp32
 //                        (stage_rows; through the page table of a paged cache;
@@ -34,11 +37,14 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <vector>
 
+#include "seqattn/attention/detail/aligned_buffer.hpp"
 #include "seqattn/attention/detail/bf16_dot.hpp"
+#include "seqattn/attention/detail/packed_kv.hpp"
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/detail/segment_tiles.hpp"
 #include "seqattn/attention/detail/tiled_work.hpp"
@@ -52,28 +58,6 @@
 namespace seqattn::detail {
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// 64-byte aligned fp32 buffer (no hwy::AllocateAligned: it needs libhwy),
-// zeroed unless its owner writes every element before reading it.
-class AlignedFloats {
- public:
-  struct Uninitialized {};
-  AlignedFloats() = default;
-  explicit AlignedFloats(index_t n) : AlignedFloats(n, Uninitialized{}) { std::fill_n(data_.get(), n, 0.0f); }
-  AlignedFloats(index_t n, Uninitialized)
-      : data_(static_cast<float*>(
-            ::operator new (static_cast<std::size_t>(std::max<index_t>(n, 1)) * sizeof(float), std::align_val_t{64}))),
-        size_(n) {}
-  float* get() const { return data_.get(); }
-  index_t size() const { return size_; }
-
- private:
-  struct Free {
-    void operator()(float* p) const { ::operator delete (p, std::align_val_t{64}); }
-  };
-  std::unique_ptr<float, Free> data_;
-  index_t size_ = 0;
-};
 
 // One worker's tiles and row bookkeeping.
 template <class Kernel>
@@ -361,6 +345,7 @@ struct TiledCall {
   bool k_in_place = false;  // fp32 K rows contiguous: usable without staging
   bool v_in_place = false;
   Partials partials;
+  const BandKv<T>* band = nullptr;  // the running band's packed K/V (pack_band), or null
 };
 
 // The arithmetic of a task's tiles, widened to fp32 (every backend's path):
@@ -493,10 +478,10 @@ void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel
     switch (Pairs::choose(c, task)) {
       case Bf16Tiles::pairs:
         if constexpr (Pairs::kHardwarePairs)
-          return run_task_steps(c, task, sc, typename Pairs::template PairTiles<true>{});
+          return run_task_steps(c, task, sc, typename Pairs::template PairTiles<true>{c.band});
         break;  // not chosen where the instruction is not compiled in
       case Bf16Tiles::emulated_pairs:
-        return run_task_steps(c, task, sc, typename Pairs::template PairTiles<false>{});
+        return run_task_steps(c, task, sc, typename Pairs::template PairTiles<false>{c.band});
       case Bf16Tiles::amx:
         return run_task_steps(c, task, sc, typename Pairs::AmxTiles{});
       case Bf16Tiles::widen:
@@ -512,18 +497,34 @@ void run_task(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<Kernel
   run_task_steps(c, task, sc, tiles);
 }
 
+// Whether a call's bands pack V as the bf16 pair arithmetic's pair words
+// (PairDotTiles reads them) rather than as rows.
+template <class Kernel, class T>
+inline constexpr bool kPackVPairs = [] {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    return Bf16DotTask<Kernel>::kPairs;
+  } else {
+    return false;
+  }
+}();
+
 // The whole forward pass of a planned problem on `exec`: the plan's work, or
 // its refinement by the call's segment ids.
 template <class Kernel, class T, class V, class Exec>
-void run_tiled_forward(const TiledWork& planned, const BlockMask& bm, const AttentionProblem<T>& p, const V& variant,
-                       Exec& exec) {
+void run_tiled_forward(const TiledWork& planned, const BlockMask& bm, const AttentionProblem<T>& given,
+                       const V& variant, Exec& exec) {
   constexpr index_t kBq = Kernel::kBlockQ;
   if (planned.units.empty()) return;
   TiledWork refined;
-  if (p.segment_ids) {
-    refined = refine_tiled_work(planned, SegmentTiles(*p.segment_ids, kBq, Kernel::kBlockKv));
+  if (given.segment_ids) {
+    refined = refine_tiled_work(planned, SegmentTiles(*given.segment_ids, kBq, Kernel::kBlockKv));
   }
-  const TiledWork& w = p.segment_ids ? refined : planned;
+  const TiledWork& w = given.segment_ids ? refined : planned;
+  // pack_band (packed_kv.hpp): K/V copied once per band where that pays.
+  const std::vector<KvBand> bands = kv_bands<Kernel>(given, w);
+  std::optional<BandKv<T>> band_kv;
+  if (!bands.empty()) band_kv.emplace(given, w.dvp, kPackVPairs<Kernel, T>);
+  const AttentionProblem<T>& p = band_kv ? band_kv->problem : given;
   const int workers = std::max(1, exec.workers());
   std::vector<TileScratch<Kernel>> scratch;
   scratch.reserve(static_cast<std::size_t>(workers));
@@ -539,9 +540,19 @@ void run_tiled_forward(const TiledWork& planned, const BlockMask& bm, const Atte
     call.partials.data = AlignedFloats(checked_size("attention_forward: split-KV partials", limits::kMaxTensorElements,
                                                     w.num_tasks(), kBq, call.partials.row_floats));
   }
-  exec.parallel_for(w.num_tasks(), [&](index_t i, int worker) {
-    run_task(call, w.order[static_cast<std::size_t>(i)], scratch[static_cast<std::size_t>(worker)]);
-  });
+  if (band_kv) {
+    call.band = &*band_kv;
+    for (const KvBand& b : bands) {
+      band_kv->pack(given, b, exec);
+      exec.parallel_for(b.end - b.begin, [&](index_t i, int worker) {
+        run_task(call, w.order[static_cast<std::size_t>(b.begin + i)], scratch[static_cast<std::size_t>(worker)]);
+      });
+    }
+  } else {
+    exec.parallel_for(w.num_tasks(), [&](index_t i, int worker) {
+      run_task(call, w.order[static_cast<std::size_t>(i)], scratch[static_cast<std::size_t>(worker)]);
+    });
+  }
   if (w.splits == 1) return;
   exec.parallel_for(static_cast<index_t>(w.units.size()), [&](index_t unit, int worker) {
     merge_partials(p, w, call.partials, unit, variant, scratch[static_cast<std::size_t>(worker)].o.get());

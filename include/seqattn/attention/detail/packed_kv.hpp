@@ -1,0 +1,188 @@
+// K/V packed once per K/V head for prefill: the forward's `pack_band` step.
+//
+// Prefill reads each K/V tile once per query tile that sees it (causal 16k:
+// 64 times on average). Where one head's K/V rows are not contiguous (BSHD: a
+// head's row, then the other heads' rows of that token), every such read
+// gathers short rows out of wide token rows, and the hardware prefetchers
+// fetch the neighbouring heads' lines with them, so one head's tasks keep
+// every head's K/V in the last-level cache instead of their own. And the bf16
+// pair arithmetic rearranges each V tile into key pairs (pack_v) once per
+// visit.
+//
+// order_tasks already runs the tasks of one (sequence, K/V head) together,
+// one band after the other. Where it did, the forward copies each band's K
+// rows into a contiguous buffer and its V into the layout the kernel reads
+// (contiguous rows, or the bf16 pair words that pack_v would build per tile)
+// right before the band's tasks, which then read those: one copy of one
+// head's K/V per call (in the last-level cache when its tasks start), no
+// tensor-sized allocation, the workers splitting the copy between them.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "seqattn/attention/detail/aligned_buffer.hpp"
+#include "seqattn/attention/detail/problem.hpp"
+#include "seqattn/attention/detail/tiled_work.hpp"
+#include "seqattn/core/bfloat16.hpp"
+#include "seqattn/core/checked.hpp"
+
+namespace seqattn::detail {
+
+// The tasks order[begin, end) of one (sequence, K/V head).
+struct KvBand {
+  index_t sequence = 0;
+  index_t kv_head = 0;
+  index_t begin = 0;
+  index_t end = 0;
+};
+
+// Query tiles that read a K/V tile, on average over the batch's K/V tiles:
+// how often a packed copy is read for the one time it is written.
+template <class Kernel, class T>
+double kv_tile_reuse(const AttentionProblem<T>& p, const TiledWork& w) {
+  double visits = 0, kv_tiles = 0;
+  for (const WorkUnit& u : w.units) visits += static_cast<double>(u.num_tiles() * u.kv_groups);
+  for (const SequenceGeometry& s : p.sequences) {
+    kv_tiles += static_cast<double>((s.kv_len + Kernel::kBlockKv - 1) / Kernel::kBlockKv * p.kv_heads);
+  }
+  return kv_tiles > 0 ? visits / kv_tiles : 0.0;
+}
+
+// A band's copy pays for itself where its tiles are read many times
+// (prefill); decode reads each tile once. Measured (bench/attention.cpp,
+// fp32, d = 128, 8 heads, 2 threads, the VM above): causal 1k (each K/V tile
+// read by 4.5 query tiles on average) 6.2-6.5 ms unpacked, 6.2-7.8 ms packed;
+// a 1k window over 16k (8.7) within the noise either way; causal 4k (16.5)
+// and 16k (64.5) faster packed. One copy and one more parallel_for per band
+// are what a short band cannot win back.
+inline constexpr double kMinPackedReuse = 8.0;
+
+// The bands of `w`'s task order, where packing them pays: contiguous
+// (unpaged) K/V, one K/V head per unit, tasks in one run per (sequence, K/V
+// head), and K/V tiles read kMinPackedReuse times on average. Else empty.
+template <class Kernel, class T>
+std::vector<KvBand> kv_bands(const AttentionProblem<T>& p, const TiledWork& w) {
+  std::vector<KvBand> bands;
+  if (p.paging.page_size > 0 || kv_tile_reuse<Kernel>(p, w) < kMinPackedReuse) return bands;
+  for (const WorkUnit& u : w.units) {
+    if (u.kv_groups != 1) return bands;
+  }
+  for (index_t i = 0; i < w.num_tasks(); ++i) {
+    const WorkUnit& u = w.unit_of(w.order[static_cast<std::size_t>(i)]);
+    if (bands.empty() || bands.back().sequence != u.sequence || bands.back().kv_head != u.kv_head) {
+      bands.push_back({u.sequence, u.kv_head, i, i});
+    }
+    bands.back().end = i + 1;
+  }
+  // A (sequence, K/V head) in two runs: the order is not banded.
+  std::vector<KvBand> sorted = bands;
+  std::sort(sorted.begin(), sorted.end(), [](const KvBand& a, const KvBand& b) {
+    return a.sequence != b.sequence ? a.sequence < b.sequence : a.kv_head < b.kv_head;
+  });
+  for (std::size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].sequence == sorted[i - 1].sequence && sorted[i].kv_head == sorted[i - 1].kv_head) return {};
+  }
+  return bands;
+}
+
+// One band's K rows ([token][dk]) and V, as rows ([token][dv]) or, for the
+// bf16 pair arithmetic, as pack_v's pair words ([token / 2][dvp], the key
+// pairs of the whole sequence, zero past its last key), and the problem that
+// reads them: `problem` is the caller's with K (and V as rows) of the band's
+// (sequence, K/V head) at the buffers'. Valid for that band's tasks only.
+//
+// The next band's copy is not made while a band's last tasks run (two
+// buffers, the copy's chunks handed out after the band's tasks): measured
+// there (fp32 and bf16 causal 16k, 2 threads) it was 5-10 % slower than
+// copying between the bands, its reads competing with the tasks' for the
+// last-level cache.
+template <class T>
+struct BandKv {
+  static constexpr index_t kChunk = 256;  // keys per pack_chunk; even: pairs never straddle chunks
+
+  bool v_pairs = false;
+  index_t dvp = 0;
+  AlignedBuffer<T> k_rows, v_rows;
+  AlignedBuffer<std::uint32_t> pair_words;  // 64-byte aligned: the kernel's vector loads
+  AttentionProblem<T> problem;
+
+  BandKv(const AttentionProblem<T>& p, index_t dvp_, bool pairs) : v_pairs(pairs), dvp(dvp_), problem(p) {
+    index_t longest = 0;
+    for (const SequenceGeometry& s : p.sequences) longest = std::max(longest, s.kv_len);
+    k_rows = AlignedBuffer<T>(
+        checked_size("attention_forward: a K/V head's packed K", limits::kMaxTensorElements, longest, p.dk),
+        typename AlignedBuffer<T>::Uninitialized{});
+    const index_t v_size = checked_size("attention_forward: a K/V head's packed V", limits::kMaxTensorElements,
+                                        pairs ? (longest + 1) / 2 : longest, pairs ? dvp : p.dv);
+    if (pairs) {
+      pair_words = AlignedBuffer<std::uint32_t>(v_size, AlignedBuffer<std::uint32_t>::Uninitialized{});
+    } else {
+      v_rows = AlignedBuffer<T>(v_size, typename AlignedBuffer<T>::Uninitialized{});
+      problem.v = v_rows.get();
+      problem.v_strides = {p.dv, 0, 1};
+    }
+    problem.k = k_rows.get();
+    problem.k_strides = {p.dk, 0, 1};
+    for (SequenceGeometry& seq : problem.sequences) {
+      seq.k_base = 0;
+      if (!pairs) seq.v_base = 0;
+    }
+  }
+
+  // V pair words of keys (2i, 2i + 1) from key `kv_begin` (even) on.
+  const float* pairs_from(index_t kv_begin) const {
+    return reinterpret_cast<const float*>(pair_words.get() + kv_begin / 2 * dvp);
+  }
+
+  // Copies band `b`'s K and V from `given` (the caller's problem), in chunks
+  // of kChunk keys split among `exec`'s workers.
+  template <class Exec>
+  void pack(const AttentionProblem<T>& given, const KvBand& b, Exec& exec) {
+    const index_t chunks = (given.sequence(b.sequence).kv_len + kChunk - 1) / kChunk;
+    exec.parallel_for(chunks, [&](index_t c, int) { pack_chunk(given, b, c); });
+  }
+
+ private:
+  void pack_chunk(const AttentionProblem<T>& given, const KvBand& b, index_t c) {
+    const SequenceGeometry& s = given.sequence(b.sequence);
+    const index_t begin = c * kChunk, end = std::min(s.kv_len, begin + kChunk);
+    for (index_t j = begin; j < end; ++j) {
+      copy_row(given.k_row(s, j, b.kv_head), given.dk, given.k_strides.dim, k_rows.get() + j * given.dk);
+    }
+    if (!v_pairs) {
+      for (index_t j = begin; j < end; ++j) {
+        copy_row(given.v_row(s, j, b.kv_head), given.dv, given.v_strides.dim, v_rows.get() + j * given.dv);
+      }
+      return;
+    }
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      const index_t ds = given.v_strides.dim;
+      for (index_t j = begin; j < end; j += 2) {
+        const bfloat16* lo = given.v_row(s, j, b.kv_head);
+        const bfloat16* hi = j + 1 < s.kv_len ? given.v_row(s, j + 1, b.kv_head) : nullptr;
+        std::uint32_t* dst = pair_words.get() + j / 2 * dvp;
+        if (hi != nullptr && ds == 1) {  // the usual layout, as a loop the compiler vectorizes
+          for (index_t e = 0; e < given.dv; ++e) dst[e] = std::uint32_t{lo[e].bits} | std::uint32_t{hi[e].bits} << 16;
+        } else {
+          for (index_t e = 0; e < given.dv; ++e) {
+            dst[e] = std::uint32_t{lo[e * ds].bits} | (hi != nullptr ? std::uint32_t{hi[e * ds].bits} << 16 : 0u);
+          }
+        }
+        std::fill(dst + given.dv, dst + dvp, 0u);
+      }
+    }
+  }
+
+  static void copy_row(const T* src, index_t n, index_t stride, T* dst) {
+    if (stride == 1) {
+      std::copy_n(src, n, dst);
+    } else {
+      for (index_t e = 0; e < n; ++e) dst[e] = src[e * stride];
+    }
+  }
+};
+
+}  // namespace seqattn::detail

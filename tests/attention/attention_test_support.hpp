@@ -20,6 +20,18 @@
 
 namespace seqattn::testing {
 
+// Sets the bf16 arithmetic (set_bf16_dot_path) for one scope and restores the previous one.
+class Bf16PathScope {
+ public:
+  explicit Bf16PathScope(Bf16DotPath path) : saved_(bf16_dot_path()) { set_bf16_dot_path(path); }
+  ~Bf16PathScope() { set_bf16_dot_path(saved_); }
+  Bf16PathScope(const Bf16PathScope&) = delete;
+  Bf16PathScope& operator=(const Bf16PathScope&) = delete;
+
+ private:
+  Bf16DotPath saved_;
+};
+
 template <class T>
 Tensor<T> random_tensor(const Extents& shape, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> dist(0.0f, scale);

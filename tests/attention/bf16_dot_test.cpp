@@ -47,18 +47,6 @@ namespace {
 
 constexpr double kU = 1.0 / 256.0;  // bf16 unit roundoff, 2^-8
 
-// Sets the path for one scope and restores the previous one.
-class PathScope {
- public:
-  explicit PathScope(Bf16DotPath path) : saved_(bf16_dot_path()) { set_bf16_dot_path(path); }
-  ~PathScope() { set_bf16_dot_path(saved_); }
-  PathScope(const PathScope&) = delete;
-  PathScope& operator=(const PathScope&) = delete;
-
- private:
-  Bf16DotPath saved_;
-};
-
 // Which input, if any, is stored with a head-dim stride other than 1
 // (storage [B, S, D, H], seen as BSHD).
 enum class DimStrided { none, k, q };
@@ -126,7 +114,7 @@ struct Run {
 
 template <class Backend = backends::Highway, class M, class Var>
 Run run_highway(const Case& x, const M& mask, const Var& variant, Bf16DotPath path, int workers, index_t kv_splits) {
-  const PathScope scope(path);
+  const Bf16PathScope scope(path);
   Run r{Tensor<bfloat16>(x.out_shape(), from_float<bfloat16>(7.0f)), Tensor<float>(x.lse_shape(), 7.0f)};
   execution::ThreadPool pool(workers);
   const auto plan = plan_attention<Backend>(shape_of(x.in()), mask, PlanOptions{kv_splits}, workers);

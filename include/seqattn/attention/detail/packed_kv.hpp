@@ -16,6 +16,12 @@
 // right before the band's tasks, which then read those: one copy of one
 // head's K/V per call (in the last-level cache when its tasks start), no
 // tensor-sized allocation, the workers splitting the copy between them.
+//
+// Measured on a 2-vCPU AMD EPYC (Zen 5) VM, 2026-11-27, bench/attention.cpp,
+// causal, d = 128, 8 heads, BSHD, 2 threads, three alternations with the
+// build before: bf16 16k 836-880 -> 695-727 ms (head-major K/V: 711-720 ms
+// before), bf16 4k 46-49 -> 46-49 ms, fp32 16k 1369-1402 -> 1252-1354 ms,
+// fp32 4k 84.5-86.1 -> 82.2-85.1 ms.
 #pragma once
 
 #include <algorithm>
@@ -39,12 +45,16 @@ struct KvBand {
   index_t end = 0;
 };
 
-// Query tiles that read a K/V tile, on average over the batch's K/V tiles:
-// how often a packed copy is read for the one time it is written.
+// Query tiles of many rows (prefill) that read a K/V tile, on average over
+// the batch's K/V tiles: how often a packed copy is read for the one time it
+// is written. Tasks of few rows (decode) count nothing: they read a tile once
+// and at memory speed, whatever the layout.
 template <class Kernel, class T>
 double kv_tile_reuse(const AttentionProblem<T>& p, const TiledWork& w) {
   double visits = 0, kv_tiles = 0;
-  for (const WorkUnit& u : w.units) visits += static_cast<double>(u.num_tiles() * u.kv_groups);
+  for (const WorkUnit& u : w.units) {
+    if (u.rows() > Kernel::kBlockQ / 4) visits += static_cast<double>(u.num_tiles() * u.kv_groups);
+  }
   for (const SequenceGeometry& s : p.sequences) {
     kv_tiles += static_cast<double>((s.kv_len + Kernel::kBlockKv - 1) / Kernel::kBlockKv * p.kv_heads);
   }
@@ -60,13 +70,32 @@ double kv_tile_reuse(const AttentionProblem<T>& p, const TiledWork& w) {
 // are what a short band cannot win back.
 inline constexpr double kMinPackedReuse = 8.0;
 
-// The bands of `w`'s task order, where packing them pays: contiguous
-// (unpaged) K/V, one K/V head per unit, tasks in one run per (sequence, K/V
-// head), and K/V tiles read kMinPackedReuse times on average. Else empty.
+// The copy of one band is at most this large: a band that does not fit the
+// last-level cache gains less from being contiguous, and the copy is memory
+// the caller did not ask for (at this size: 64k keys of fp32 K and V at d = 128).
+inline constexpr index_t kMaxPackedBandBytes = index_t{64} << 20;
+
+// The bands of `w`'s task order, where packing them pays: K/V whose copy
+// changes their layout (not already contiguous rows per head, or V into pair
+// words: `v_pairs`), unpaged (a paged cache's pages are shared by K and V,
+// and the pair words leave V in place), one K/V head per unit, tasks in one
+// run per (sequence, K/V head), K/V tiles read kMinPackedReuse times on
+// average, and a band's copy within `max_band_bytes`. Else empty.
 template <class Kernel, class T>
-std::vector<KvBand> kv_bands(const AttentionProblem<T>& p, const TiledWork& w) {
+std::vector<KvBand> kv_bands(const AttentionProblem<T>& p, const TiledWork& w, bool v_pairs,
+                             index_t max_band_bytes = kMaxPackedBandBytes) {
   std::vector<KvBand> bands;
-  if (p.paging.page_size > 0 || kv_tile_reuse<Kernel>(p, w) < kMinPackedReuse) return bands;
+  const bool k_rows = p.k_strides.dim == 1 && p.k_strides.token == p.dk;
+  const bool v_rows = p.v_strides.dim == 1 && p.v_strides.token == p.dv;
+  index_t longest = 0;
+  for (const SequenceGeometry& s : p.sequences) longest = std::max(longest, s.kv_len);
+  // Pair words take dvp (>= dv) elements' room per key.
+  const double band_bytes = static_cast<double>(longest) * static_cast<double>(p.dk + (v_pairs ? w.dvp : p.dv)) *
+                            static_cast<double>(sizeof(T));
+  if (p.paging.page_size > 0 || (k_rows && v_rows && !v_pairs) || band_bytes > static_cast<double>(max_band_bytes) ||
+      kv_tile_reuse<Kernel>(p, w) < kMinPackedReuse) {
+    return bands;
+  }
   for (const WorkUnit& u : w.units) {
     if (u.kv_groups != 1) return bands;
   }
@@ -96,7 +125,7 @@ std::vector<KvBand> kv_bands(const AttentionProblem<T>& p, const TiledWork& w) {
 //
 // The next band's copy is not made while a band's last tasks run (two
 // buffers, the copy's chunks handed out after the band's tasks): measured
-// there (fp32 and bf16 causal 16k, 2 threads) it was 5-10 % slower than
+// there (fp32 and bf16 causal 16k, 2 threads) it was 9-12 % slower than
 // copying between the bands, its reads competing with the tasks' for the
 // last-level cache.
 template <class T>

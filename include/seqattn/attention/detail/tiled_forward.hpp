@@ -521,7 +521,7 @@ void run_tiled_forward(const TiledWork& planned, const BlockMask& bm, const Atte
   }
   const TiledWork& w = given.segment_ids ? refined : planned;
   // pack_band (packed_kv.hpp): K/V copied once per band where that pays.
-  const std::vector<KvBand> bands = kv_bands<Kernel>(given, w);
+  const std::vector<KvBand> bands = kv_bands<Kernel>(given, w, kPackVPairs<Kernel, T>);
   std::optional<BandKv<T>> band_kv;
   if (!bands.empty()) band_kv.emplace(given, w.dvp, kPackVPairs<Kernel, T>);
   const AttentionProblem<T>& p = band_kv ? band_kv->problem : given;

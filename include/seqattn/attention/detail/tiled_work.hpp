@@ -179,9 +179,12 @@ inline index_t choose_kv_splits(const std::vector<WorkUnit>& units, index_t requ
 // which the first task brought into the last-level cache. Longest first over
 // all tasks ran every head's longest task side by side, each streaming its
 // own head's K and V (fp32 causal 4k, 8 heads: 32 MiB of K/V against a 32
-// MiB L3 on Zen 5; 91-93 ms per call, 87-88 ms in bands, the staging copies
-// of K/V rows 13 % of the time then 9 %). A band ends with its short tasks,
-// but its longest task starts only when the band does: bands are used where
+// MiB L3 on Zen 5; 91-93 ms per call, 87-88 ms in bands). The forward also
+// copies a band's K/V once before its tasks where that pays (packed_kv.hpp).
+// (A profile of bench/attention.cpp had put "staging copies" at 13 % then
+// 9 %: those memmove samples were the benchmark's own memcpy-bandwidth
+// measurement, as a DWARF call graph showed on 2026-11-27.) A band ends with
+// its short tasks, but its longest task starts only when the band does: bands are used where
 // each band keeps every worker busy for at least its longest task, else (many
 // workers, few or short tasks per band) longest first over all tasks.
 inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, index_t splits, index_t workers) {

@@ -32,7 +32,6 @@
 #include "seqattn/attention/detail/aligned_buffer.hpp"
 #include "seqattn/attention/detail/problem.hpp"
 #include "seqattn/attention/detail/tiled_work.hpp"
-#include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/checked.hpp"
 
 namespace seqattn::detail {
@@ -167,41 +166,31 @@ struct BandKv {
   }
 
   // Copies band `b`'s K and V from `given` (the caller's problem), in chunks
-  // of kChunk keys split among `exec`'s workers.
-  template <class Exec>
-  void pack(const AttentionProblem<T>& given, const KvBand& b, Exec& exec) {
+  // of kChunk keys split among `exec`'s workers. pack_pairs(row, dim_stride,
+  // keys, dv, dvp, dst): the kernel's pack_v, which writes V's pair words
+  // (called only where v_pairs).
+  template <class Exec, class PackPairs>
+  void pack(const AttentionProblem<T>& given, const KvBand& b, Exec& exec, const PackPairs& pack_pairs) {
     const index_t chunks = (given.sequence(b.sequence).kv_len + kChunk - 1) / kChunk;
-    exec.parallel_for(chunks, [&](index_t c, int) { pack_chunk(given, b, c); });
+    exec.parallel_for(chunks, [&](index_t c, int) { pack_chunk(given, b, c, pack_pairs); });
   }
 
  private:
-  void pack_chunk(const AttentionProblem<T>& given, const KvBand& b, index_t c) {
+  template <class PackPairs>
+  void pack_chunk(const AttentionProblem<T>& given, const KvBand& b, index_t c, const PackPairs& pack_pairs) {
     const SequenceGeometry& s = given.sequence(b.sequence);
     const index_t begin = c * kChunk, end = std::min(s.kv_len, begin + kChunk);
     for (index_t j = begin; j < end; ++j) {
       copy_row(given.k_row(s, j, b.kv_head), given.dk, given.k_strides.dim, k_rows.get() + j * given.dk);
     }
-    if (!v_pairs) {
-      for (index_t j = begin; j < end; ++j) {
-        copy_row(given.v_row(s, j, b.kv_head), given.dv, given.v_strides.dim, v_rows.get() + j * given.dv);
-      }
+    if (v_pairs) {  // an odd last chunk's last pair gets a zero key from pack_v
+      const auto row = [&](index_t j) { return given.v_row(s, begin + j, b.kv_head); };
+      pack_pairs(row, given.v_strides.dim, end - begin, given.dv, dvp,
+                 reinterpret_cast<float*>(pair_words.get() + begin / 2 * dvp));
       return;
     }
-    if constexpr (std::is_same_v<T, bfloat16>) {
-      const index_t ds = given.v_strides.dim;
-      for (index_t j = begin; j < end; j += 2) {
-        const bfloat16* lo = given.v_row(s, j, b.kv_head);
-        const bfloat16* hi = j + 1 < s.kv_len ? given.v_row(s, j + 1, b.kv_head) : nullptr;
-        std::uint32_t* dst = pair_words.get() + j / 2 * dvp;
-        if (hi != nullptr && ds == 1) {  // the usual layout, as a loop the compiler vectorizes
-          for (index_t e = 0; e < given.dv; ++e) dst[e] = std::uint32_t{lo[e].bits} | std::uint32_t{hi[e].bits} << 16;
-        } else {
-          for (index_t e = 0; e < given.dv; ++e) {
-            dst[e] = std::uint32_t{lo[e * ds].bits} | (hi != nullptr ? std::uint32_t{hi[e * ds].bits} << 16 : 0u);
-          }
-        }
-        std::fill(dst + given.dv, dst + dvp, 0u);
-      }
+    for (index_t j = begin; j < end; ++j) {
+      copy_row(given.v_row(s, j, b.kv_head), given.dv, given.v_strides.dim, v_rows.get() + j * given.dv);
     }
   }
 

@@ -508,6 +508,17 @@ inline constexpr bool kPackVPairs = [] {
   }
 }();
 
+// The pair arithmetic's pack_v, for the band copies of V as pair words;
+// never called where kPackVPairs is false.
+template <class Kernel, class T>
+auto band_pair_packer() {
+  return [](const auto& row, index_t dim_stride, index_t keys, index_t dv, index_t dvp, float* dst) {
+    if constexpr (kPackVPairs<Kernel, T>) {
+      Bf16DotTask<Kernel>::PairKernel::pack_v(row, dim_stride, keys, dv, dvp, dst);
+    }
+  };
+}
+
 // The whole forward pass of a planned problem on `exec`: the plan's work, or
 // its refinement by the call's segment ids.
 template <class Kernel, class T, class V, class Exec>
@@ -543,7 +554,7 @@ void run_tiled_forward(const TiledWork& planned, const BlockMask& bm, const Atte
   if (band_kv) {
     call.band = &*band_kv;
     for (const KvBand& b : bands) {
-      band_kv->pack(given, b, exec);
+      band_kv->pack(given, b, exec, band_pair_packer<Kernel, T>());
       exec.parallel_for(b.end - b.begin, [&](index_t i, int worker) {
         run_task(call, w.order[static_cast<std::size_t>(b.begin + i)], scratch[static_cast<std::size_t>(worker)]);
       });

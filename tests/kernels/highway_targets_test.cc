@@ -425,6 +425,47 @@ TEST_CASE("AheadStream requests each line of its lists once, in order, at an eve
   CHECK(none.empty());
 }
 
+// Decode over pages smaller than a tile calls the kernel once per page, each
+// call requesting its share of the tile's rows ahead: the parts of a chain
+// request every line of it once, in order, however the keys are split.
+TEST_CASE("RowsAheadPart splits a chain of two lists into parts that together request it once", "[kernels][ahead]") {
+  using seqattn::BasicAheadStream;
+  using seqattn::RowsAhead;
+  using seqattn::RowsAheadPart;
+  struct Record {
+    std::vector<const char*>* lines;
+    void operator()(const char* p) const { lines->push_back(p); }
+  };
+  alignas(64) static char memory[64 * 64];
+  std::vector<const void*> own, next;
+  for (index_t j = 0; j < 7; ++j) own.push_back(memory + 64 * (2 * j));
+  for (index_t j = 0; j < 11; ++j) next.push_back(memory + 64 * (20 + 3 * j));
+  const RowsAhead second{next.data(), 11, 130};  // 3 lines a row
+  const RowsAhead first{own.data(), 7, 64, &second};
+  std::vector<const char*> want;
+  BasicAheadStream<Record> whole(first, 1, Record{&want});
+  whole.step();
+  REQUIRE(static_cast<index_t>(want.size()) == 7 + 11 * 3);
+  // Keys of a 45-key tile split as pages of 16 starting 5 keys into a page, and other splits.
+  for (const std::vector<index_t>& bounds :
+       {std::vector<index_t>{0, 11, 27, 43, 45}, {0, 45}, {0, 1, 2, 44, 45}, {0, 20, 25, 45}}) {
+    std::vector<const char*> got;
+    INFO("parts " << bounds.size() - 1);
+    for (std::size_t i = 0; i + 1 < bounds.size(); ++i) {
+      const RowsAheadPart part(first, bounds[i], bounds[i + 1], 45);
+      // Each part's share of the 18 rows, in proportion to its keys.
+      index_t rows = 0;
+      for (const RowsAhead* list = &part.get(); list != nullptr; list = list->also) rows += list->n;
+      CHECK(rows == 18 * bounds[i + 1] / 45 - 18 * bounds[i] / 45);
+      BasicAheadStream<Record> stream(part.get(), 3, Record{&got});
+      for (int k = 0; k < 3; ++k) stream.step();
+    }
+    CHECK(got == want);
+  }
+  const RowsAheadPart none(RowsAhead{}, 0, 16, 64);
+  CHECK(none.get().empty());
+}
+
 TEST_CASE("FlashKernel is compiled for every Highway target and each supported one runs", "[kernels]") {
   const Targets& t = targets();
   INFO("compiled: " << target_names(t.compiled) << "; supported: " << target_names(t.supported)

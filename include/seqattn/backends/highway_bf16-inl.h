@@ -1024,7 +1024,8 @@ struct Bf16DotKernel {
                 index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc,
                 [[maybe_unused]] const RowsAhead& ahead) const {
       const std::uint16_t* krows[kBkv];
-      for (index_t j = 0; j < tile.cols; ++j) krows[j] = bits_of(p.k_row(seq, tile.kv_begin + j, kv_head));
+      p.for_kv_rows(seq, false, tile.kv_begin, tile.cols, kv_head,
+                    [&krows](index_t j, const bfloat16* row) { krows[j] = bits_of(row); });
 #if HWY_TARGET <= HWY_AVX3
       if (decode_rows(tile.rows_padded) && p.dk <= kDecodeMaxDk) {
         scores_decode<kHw>(sc.qt.get() + r0, p.dk, krows, tile.cols, q_scale, tile.scores, ahead);
@@ -1039,7 +1040,8 @@ struct Bf16DotKernel {
 #if HWY_TARGET <= HWY_AVX3
       if (decode_rows(tile.rows_padded) && p.dk <= kDecodeMaxDk && p.v_strides.dim == 1) {
         const std::uint16_t* vrows[kBkv];
-        for (index_t j = 0; j < tile.cols; ++j) vrows[j] = bits_of(p.v_row(seq, tile.kv_begin + j, kv_head));
+        p.for_kv_rows(seq, true, tile.kv_begin, tile.cols, kv_head,
+                      [&vrows](index_t j, const bfloat16* row) { vrows[j] = bits_of(row); });
         pack_p_decode(tile.scores, tile.cols);
         accumulate_pv_decode<kHw>(tile.scores, tile.rows, vrows, tile.cols, p.dv, dvp, alpha, o, ahead);
         return;

@@ -64,6 +64,36 @@ struct RowsAhead {
   }
 };
 
+// The rows from fraction begin / total to end / total of a RowsAhead chain of
+// at most two lists, for a loop split into parts that each request their
+// share (decode over pages smaller than a tile: one kernel call per page).
+class RowsAheadPart {
+ public:
+  RowsAheadPart(const RowsAhead& whole, index_t begin, index_t end, index_t total) {
+    index_t rows = 0;
+    for (const RowsAhead* list = &whole; list != nullptr; list = list->also) rows += list->n;
+    const index_t first = rows * begin / std::max<index_t>(total, 1), last = rows * end / std::max<index_t>(total, 1);
+    index_t at = 0;
+    int used = 0;
+    for (const RowsAhead* list = &whole; list != nullptr; list = list->also) {
+      const index_t lo = std::max(first, at), hi = std::min(last, at + list->n);
+      if (lo < hi) {
+        assert(used < 2);
+        lists_[used] = {list->rows + (lo - at), hi - lo, list->bytes, nullptr};
+        if (used > 0) lists_[used - 1].also = &lists_[used];
+        ++used;
+      }
+      at += list->n;
+    }
+  }
+  RowsAheadPart(const RowsAheadPart&) = delete;  // the first list points at the second
+  RowsAheadPart& operator=(const RowsAheadPart&) = delete;
+  const RowsAhead& get() const { return lists_[0]; }
+
+ private:
+  RowsAhead lists_[2];
+};
+
 // One cache line into L1. Not __builtin_prefetch: GCC 12 deletes a loop
 // whose body is only that builtin as a loop without side effects (no
 // prefetch instruction was left in the binary), which an asm statement with

@@ -86,6 +86,28 @@ struct AttentionProblem {
   index_t kv_run(const SequenceGeometry& s, index_t j) const {
     return s.pages ? paging.page_size - j % paging.page_size : s.kv_len - j;
   }
+  // f(i, run, row) for each run of rows kv0 + i .. kv0 + i + run - 1 (i < n)
+  // of K (value = false) or V of one K/V head lying a token stride apart
+  // from `row`, the first: the whole range when contiguous, else page by page.
+  template <class F>
+  void for_kv_runs(const SequenceGeometry& s, bool value, index_t kv0, index_t n, index_t kv_head, F&& f) const {
+    for (index_t i = 0; i < n;) {
+      const index_t run = std::min(kv_run(s, kv0 + i), n - i);
+      f(i, run, value ? v_row(s, kv0 + i, kv_head) : k_row(s, kv0 + i, kv_head));
+      i += run;
+    }
+  }
+  // f(i, row) for rows kv0 + i, i < n, with one block-table lookup per page
+  // (for_kv_runs): k_row's division per row cost paged bf16 decode, which
+  // takes 2 x 64 row pointers per tile and K/V head, 15-20 % (bench/attention.cpp,
+  // pages of 16, 2026-11-27: GQA 32/4 2.21, 2.27 -> 1.87, 1.82 ms).
+  template <class F>
+  void for_kv_rows(const SequenceGeometry& s, bool value, index_t kv0, index_t n, index_t kv_head, F&& f) const {
+    const index_t token = value ? v_strides.token : k_strides.token;
+    for_kv_runs(s, value, kv0, n, kv_head, [&](index_t i, index_t run, const T* first) {
+      for (index_t r = 0; r < run; ++r) f(i + r, first + r * token);
+    });
+  }
   index_t paged_offset(const SequenceGeometry& s, index_t j, index_t page_stride, const TensorStrides& st) const {
     const index_t page = s.pages[j / paging.page_size * paging.table_stride];
     return page * page_stride + j % paging.page_size * st.token;

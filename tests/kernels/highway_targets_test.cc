@@ -61,6 +61,7 @@ struct FlashKernelEntry {
   void (*softcap)(float*, index_t, index_t, float) = nullptr;
   void (*apply_column_bits)(float*, index_t, index_t, const std::uint8_t*, index_t) = nullptr;
   void (*online_softmax)(float*, index_t, index_t, float*, float*, float*) = nullptr;
+  void (*online_softmax_to_bf16)(float*, index_t, index_t, float*, float*, float*) = nullptr;
   void (*accumulate_pv)(const float*, index_t, index_t, const float*, index_t, index_t, const float*, float*,
                         const RowsAhead&) = nullptr;
   void (*softmax_backward_lanes)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
@@ -136,6 +137,7 @@ kernel_tests::FlashKernelEntry FlashKernelOfThisTarget() {
   e.softcap = &K::softcap;
   e.apply_column_bits = &K::apply_column_bits;
   e.online_softmax = &K::online_softmax;
+  e.online_softmax_to_bf16 = &K::online_softmax_to_bf16;
   e.accumulate_pv = &K::accumulate_pv;
   e.softmax_backward_lanes = &K::softmax_backward_lanes;
   e.softmax_backward_columns = &K::softmax_backward_columns;
@@ -237,6 +239,27 @@ void for_each_target(std::int64_t& ran, Fn&& fn) {
     fn(kernel);
     ran |= kernel.target;
   }
+}
+
+using SoftmaxFn = void (*)(float*, index_t, index_t, float*, float*, float*);
+
+// fn(kernel, softmax, p_tol) for every target and both of its online
+// softmaxes; p_tol(w): how far a weight may be from the reference's w:
+// exact exponentials within 1e-6 relative, those for weights rounded to
+// bf16 next within 3e-6 (the polynomial) plus the rounding of x log2(e)
+// (2^-24 |log2 w| ln 2 relative).
+template <class Fn>
+void for_each_target_and_softmax(std::int64_t& ran, Fn&& fn) {
+  for_each_target(ran, [&](const FlashKernelEntry& kernel) {
+    for (const bool to_bf16 : {false, true}) {
+      INFO((to_bf16 ? "online_softmax_to_bf16" : "online_softmax"));
+      const auto p_tol = [to_bf16](float w) {
+        const double rel = to_bf16 ? 3e-6 + 1.2e-7 * std::abs(std::log(std::max(w, 1e-37f))) : 1e-6;
+        return rel * w + 1e-37;
+      };
+      fn(kernel, to_bf16 ? kernel.online_softmax_to_bf16 : kernel.online_softmax, p_tol);
+    }
+  });
 }
 
 // Any target's kernel, for the tile shape (each test checks that every target
@@ -784,7 +807,9 @@ TEST_CASE("FlashKernel online_softmax matches ScalarKernel over several tiles on
       }
     }
 
-    for_each_target(ran, [&](const FlashKernelEntry& kernel) {
+    // Both online softmaxes (for_each_target_and_softmax); the row sums
+    // within 1e-5 for both.
+    for_each_target_and_softmax(ran, [&](const FlashKernelEntry& kernel, const SoftmaxFn softmax, const auto& p_tol) {
       REQUIRE(kernel.block_q == bq);
       REQUIRE(kernel.block_kv == bkv);
       const index_t rows_p = kernel.padded_rows(rows);
@@ -803,7 +828,7 @@ TEST_CASE("FlashKernel online_softmax matches ScalarKernel over several tiles on
                 r < rows ? input[static_cast<std::size_t>(t)][static_cast<std::size_t>(j * rows + r)] : 0.0f;
           }
         }
-        kernel.online_softmax(st.data(), cols, rows_p, m.data(), l.data(), alpha.data());
+        softmax(st.data(), cols, rows_p, m.data(), l.data(), alpha.data());
         const auto& wp = want_p[static_cast<std::size_t>(t)];
         const auto& wm = want_m[static_cast<std::size_t>(t)];
         const auto& wl = want_l[static_cast<std::size_t>(t)];
@@ -813,7 +838,7 @@ TEST_CASE("FlashKernel online_softmax matches ScalarKernel over several tiles on
           for (index_t r = 0; r < bq; ++r) {
             if (j < cols && r < rows) {
               const float w = wp[static_cast<std::size_t>(j * rows + r)];
-              rp.expect_near(st[j * bq + r], w, 1e-6 * w + 1e-37, at("P", j, r));
+              rp.expect_near(st[j * bq + r], w, p_tol(w), at("P", j, r));
             } else if (j >= cols || r >= rows_p) {
               rp.expect_bits(st[j * bq + r], kSentinel, at("St (outside cols x rows_p)", j, r));
             }
@@ -1283,29 +1308,35 @@ TEST_CASE("FlashKernel follows the NaN policy on every Highway target", "[kernel
     for_each_target(ran, [&](const FlashKernelEntry& kernel) {
       INFO("rows = " << rows);
       const index_t rows_p = kernel.padded_rows(rows), cols = 20;
-      // online_softmax: row 0 a NaN score, row 1 a +inf score, row 2 only -inf,
-      // the others finite; then a finite tile: the NaN rows stay NaN.
-      Buffer m(bq), l(bq), alpha(bq), st(bkv * bq);
-      std::fill_n(m.data(), bq, -kInf);
-      for (int tile = 0; tile < 2; ++tile) {
-        for (index_t j = 0; j < cols; ++j) {
-          for (index_t r = 0; r < rows_p; ++r) st[j * bq + r] = 0.1f * static_cast<float>(j - r);
+      // online_softmax (both: for_each_target_and_softmax): row 0 a NaN
+      // score, row 1 a +inf score, row 2 only -inf, the others finite; then a
+      // finite tile: the NaN rows stay NaN.
+      for (const SoftmaxFn softmax : {kernel.online_softmax, kernel.online_softmax_to_bf16}) {
+        Buffer m(bq), l(bq), alpha(bq), st(bkv * bq);
+        std::fill_n(m.data(), bq, -kInf);
+        for (int tile = 0; tile < 2; ++tile) {
+          for (index_t j = 0; j < cols; ++j) {
+            for (index_t r = 0; r < rows_p; ++r) st[j * bq + r] = 0.1f * static_cast<float>(j - r);
+          }
+          if (tile == 0) {
+            st[7 * bq + 0] = nan;
+            st[3 * bq + 1] = kInf;
+          }
+          for (index_t j = 0; j < cols; ++j) st[j * bq + 2] = -kInf;
+          if (rows > 3) st[5 * bq + 3] = -kInf;  // a masked score in a finite row
+          softmax(st.data(), cols, rows_p, m.data(), l.data(), alpha.data());
+          INFO("tile " << tile);
+          for (index_t r = 0; r < 2; ++r) {
+            CHECK(std::isnan(m[r]));
+            CHECK(std::isnan(l[r]));
+            CHECK(std::isnan(alpha[r]));
+          }
+          CHECK(m[2] == -kInf);
+          CHECK(l[2] == 0.0f);
+          for (index_t j = 0; j < cols; ++j) CHECK(st[j * bq + 2] == 0.0f);  // weights of masked scores: exactly 0
+          if (rows > 3) CHECK(st[5 * bq + 3] == 0.0f);
+          for (index_t r = 3; r < rows; ++r) CHECK(std::isfinite(l[r]));
         }
-        if (tile == 0) {
-          st[7 * bq + 0] = nan;
-          st[3 * bq + 1] = kInf;
-        }
-        for (index_t j = 0; j < cols; ++j) st[j * bq + 2] = -kInf;
-        kernel.online_softmax(st.data(), cols, rows_p, m.data(), l.data(), alpha.data());
-        INFO("tile " << tile);
-        for (index_t r = 0; r < 2; ++r) {
-          CHECK(std::isnan(m[r]));
-          CHECK(std::isnan(l[r]));
-          CHECK(std::isnan(alpha[r]));
-        }
-        CHECK(m[2] == -kInf);
-        CHECK(l[2] == 0.0f);
-        for (index_t r = 3; r < rows; ++r) CHECK(std::isfinite(l[r]));
       }
 
       // accumulate_pv: zero weights against NaN and infinite V rows leave O

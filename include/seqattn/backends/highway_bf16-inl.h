@@ -1014,6 +1014,10 @@ struct Bf16DotKernel {
     // The running band's V pair words (attention/detail/packed_kv.hpp), or null.
     const detail::BandKv<bfloat16>* band = nullptr;
 
+    // P is rounded to bf16 before P.V: its exponentials need no more precision.
+    static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
+      K::online_softmax_to_bf16(st, cols, rows_p, m, l, alpha);
+    }
     void load_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
                     const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
       pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), sc.qt.get());
@@ -1160,6 +1164,10 @@ struct Bf16DotKernel {
 #endif
 
   struct AmxTiles {
+    // P is rounded to bf16 before P.V: its exponentials need no more precision.
+    static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
+      K::online_softmax_to_bf16(st, cols, rows_p, m, l, alpha);
+    }
     void load_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
                     const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
       pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), sc.qt.get());

@@ -13,12 +13,13 @@
 //   mask_tile            -inf where a partial tile's mask says no
 //   mask_segments        -inf across segments, where a call's segment ids mark
 //                        the tile (segment_tiles.hpp refines the plan's lists)
-//   Kernel::online_softmax   running max / sum per row, St -> P
+//   online_softmax       running max / sum per row, St -> P (Kernel's; the
+//                        bf16 arithmetic's with exponentials to bf16 precision)
 //   Kernel::accumulate_pv    O = alpha O + P V
 //   finalize_rows / store_partials, then merge_partials for split-KV tasks
 //
 // run_task_steps is the one loop; the tile arithmetic it calls (load the
-// queries, scores, accumulate) is a type: WidenedTiles (fp32) here, the bf16
+// queries, scores, softmax, accumulate) is a type: WidenedTiles (fp32) here, the bf16
 // pair dot products in backends/highway_bf16-inl.h.
 //
 // A Kernel supplies the arithmetic on fp32 tiles (backends/tile_kernel.hpp
@@ -345,8 +346,8 @@ struct TiledCall {
 
 // The arithmetic of a task's tiles, widened to fp32 (every backend's path):
 // Q pre-scaled into Qt, K and V rows used in place or staged as fp32, then
-// the Kernel's scores and accumulate_pv. run_task_steps calls the three
-// steps; a backend with other arithmetic for some tasks (the bf16 pair dot
+// the Kernel's scores, online_softmax and accumulate_pv. run_task_steps
+// calls the four steps; a backend with other arithmetic for some tasks (the bf16 pair dot
 // products of highway_bf16-inl.h) supplies its own type with the same steps.
 template <class Kernel>
 struct WidenedTiles {
@@ -359,6 +360,9 @@ struct WidenedTiles {
   // 5 VM (bench/attention.cpp, 2026-11-27): 6.04, 6.51 -> 4.17, 4.19 ms.
   bool by_pages = false;
 
+  static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
+    Kernel::online_softmax(st, cols, rows_p, m, l, alpha);
+  }
   template <class T>
   void load_query(const AttentionProblem<T>& p, const SequenceGeometry& seq, const TaskRows& t, float q_scale,
                   TileScratch<Kernel>& sc) const {
@@ -475,7 +479,7 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
       transform_scores<Kernel>(c.variant, tile);
       mask_tile<Kernel>(tile, c.bm, ref.tile_id, bits, kBq / 8, u.q_block * kBq);
       if (ref.by_segments) mask_segments(tile, *p.segment_ids);
-      Kernel::online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
+      tiles.online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
       tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc, next_v);
     }
   }

@@ -195,9 +195,10 @@ TEMPLATE_TEST_CASE("paged K/V equals the contiguous layout: decode", "[attention
         c.heads = hq;
         c.kv_heads = hkv;
         c.dk = 72;
-        c.dv = 80;
+        // dv 72 pads to 80 on AVX-512: fp32 K read page by page in place beside V staged.
+        c.dv = ps == 24 || ps == 100 ? 72 : 80;
         c.page_size = ps;
-        INFO("page_size " << ps << " heads " << hq << "/" << hkv);
+        INFO("page_size " << ps << " heads " << hq << "/" << hkv << " dv " << c.dv);
         check_paged<backends::Highway, T>(c, mask, rng);
         check_paged<backends::Scalar, T>(c, mask, rng);
       }

@@ -15,7 +15,7 @@
 // column of Qt. Consequences:
 //   - K is read in its natural [key][d] layout (no per-tile transpose); the
 //     engine only copies rows that are not contiguous, or widens bf16.
-//   - The online softmax is lane-wise: max, exp (hn::Exp), sum and the rescale
+//   - The online softmax is lane-wise: max, exp (Exp, ExpToBf16), sum and the rescale
 //     factor are vertical ops over keys, with no horizontal reductions.
 //   - P.V broadcasts P[row][key] against V rows with lanes along the head
 //     dim: a second GEMM micro-kernel on V in its natural layout.
@@ -502,9 +502,9 @@ struct FlashKernel {
   // the 2^-9 of the rounding to bf16 after it; the row sums, and so the lse,
   // keep 1e-5): 9 instructions where Exp takes 17. (A cubic's 7.5e-5 moved
   // the lse by more than 1e-5.) -inf and NaN give 0, as Exp: the clamp at -127 gives
-  // 2^-183, which VSCALEFPS rounds to 0, and keeps t - round(t) finite
-  // (unclamped, -inf gives NaN times 2^-inf, which the Zen 5 VM's VSCALEFPS
-  // returns as 0; no test here could tell). Other targets: Exp. Measured
+  // 2^-183, which VSCALEFPS rounds to 0, and keeps t - round(t) finite.
+  // (Unclamped, -inf makes VSCALEFPS scale a NaN by 2^-inf; the Zen 5 VM
+  // returned 0 for that, so a build without the clamp passed the tests there.) Other targets: Exp. Measured
   // (perf, bf16 causal 4k, 2 threads, the 2-vCPU Zen 5 VM, 2026-11-27): the
   // softmax went from 7.7 % to 5.6 % of samples, QK^T's being 26 %.
   template <class DT>

@@ -1164,7 +1164,9 @@ struct Bf16DotKernel {
 #endif
 
   struct AmxTiles {
-    // P is rounded to bf16 before P.V: its exponentials need no more precision.
+    // P is rounded to bf16 before P.V (but for the fp32 P.V of a tile with a
+    // zero weight beside a non-finite V, below, where the 3e-6 of the
+    // exponentials stays under bf16's own error): no more precision needed.
     static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
       K::online_softmax_to_bf16(st, cols, rows_p, m, l, alpha);
     }

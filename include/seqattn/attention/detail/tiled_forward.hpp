@@ -353,8 +353,8 @@ template <class Kernel>
 struct WidenedTiles {
   bool k_in_place = false;
   bool v_in_place = false;
-  // Decode: fp32 K/V rows read in place page by page where pages are
-  // smaller than a tile (a kernel call per page, each requesting its share
+  // Decode: fp32 K/V rows read in place page by page where a tile
+  // crosses a page boundary (a kernel call per page run, each requesting its share
   // of the rows ahead: RowsAheadPart) rather than staged. Paged fp32 decode,
   // pages of 16, 1 query over 32k keys, GQA 32/4, 2 threads of the 2-vCPU Zen
   // 5 VM (bench/attention.cpp, 2026-11-27): 6.04, 6.51 -> 4.17, 4.19 ms.

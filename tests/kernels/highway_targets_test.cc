@@ -401,13 +401,17 @@ void scalar_chunks(float* tile, index_t stride, index_t n, index_t rows, Fn&& fn
 using seqattn::index_t;
 using namespace seqattn::kernel_tests;
 
+namespace {
+// An AheadStream request that records the line instead of prefetching it.
+struct RecordLines {
+  std::vector<const char*>* lines;
+  void operator()(const char* p) const { lines->push_back(p); }
+};
+}  // namespace
+
 TEST_CASE("AheadStream requests each line of its lists once, in order, at an even rate", "[kernels][ahead]") {
   using seqattn::BasicAheadStream;
   using seqattn::RowsAhead;
-  struct Record {
-    std::vector<const char*>* lines;
-    void operator()(const char* p) const { lines->push_back(p); }
-  };
   alignas(64) static char memory[64 * 64];
   const auto row_at = [](index_t i) -> const void* { return memory + 64 * i; };
   // Rows of 256 bytes (4 lines), of 100 bytes (2 lines, the last partial), of no bytes, and an empty list.
@@ -431,7 +435,7 @@ TEST_CASE("AheadStream requests each line of its lists once, in order, at an eve
   for (const index_t steps : {index_t{1}, index_t{3}, index_t{7}, index_t{26}, index_t{64}, index_t{200}}) {
     INFO("steps " << steps);
     std::vector<const char*> got;
-    BasicAheadStream<Record> stream(head, steps, Record{&got});
+    BasicAheadStream<RecordLines> stream(head, steps, RecordLines{&got});
     std::size_t before = 0;
     for (index_t k = 1; k <= steps; ++k) {
       stream.step();
@@ -443,22 +447,18 @@ TEST_CASE("AheadStream requests each line of its lists once, in order, at an eve
     CHECK(got == want);
   }
   std::vector<const char*> none;
-  BasicAheadStream<Record> empty_stream(RowsAhead{}, 4, Record{&none});
+  BasicAheadStream<RecordLines> empty_stream(RowsAhead{}, 4, RecordLines{&none});
   for (int k = 0; k < 4; ++k) empty_stream.step();
   CHECK(none.empty());
 }
 
-// Decode over pages smaller than a tile calls the kernel once per page, each
+// Decode over a tile that crosses pages calls the kernel once per page, each
 // call requesting its share of the tile's rows ahead: the parts of a chain
 // request every line of it once, in order, however the keys are split.
 TEST_CASE("RowsAheadPart splits a chain of two lists into parts that together request it once", "[kernels][ahead]") {
   using seqattn::BasicAheadStream;
   using seqattn::RowsAhead;
   using seqattn::RowsAheadPart;
-  struct Record {
-    std::vector<const char*>* lines;
-    void operator()(const char* p) const { lines->push_back(p); }
-  };
   alignas(64) static char memory[64 * 64];
   std::vector<const void*> own, next;
   for (index_t j = 0; j < 7; ++j) own.push_back(memory + 64 * (2 * j));
@@ -466,7 +466,7 @@ TEST_CASE("RowsAheadPart splits a chain of two lists into parts that together re
   const RowsAhead second{next.data(), 11, 130};  // 3 lines a row
   const RowsAhead first{own.data(), 7, 64, &second};
   std::vector<const char*> want;
-  BasicAheadStream<Record> whole(first, 1, Record{&want});
+  BasicAheadStream<RecordLines> whole(first, 1, RecordLines{&want});
   whole.step();
   REQUIRE(static_cast<index_t>(want.size()) == 7 + 11 * 3);
   // Keys of a 45-key tile split as pages of 16 starting 5 keys into a page, and other splits.
@@ -480,7 +480,7 @@ TEST_CASE("RowsAheadPart splits a chain of two lists into parts that together re
       index_t rows = 0;
       for (const RowsAhead* list = &part.get(); list != nullptr; list = list->also) rows += list->n;
       CHECK(rows == 18 * bounds[i + 1] / 45 - 18 * bounds[i] / 45);
-      BasicAheadStream<Record> stream(part.get(), 3, Record{&got});
+      BasicAheadStream<RecordLines> stream(part.get(), 3, RecordLines{&got});
       for (int k = 0; k < 3; ++k) stream.step();
     }
     CHECK(got == want);

@@ -66,7 +66,7 @@ struct RowsAhead {
 
 // The rows from fraction begin / total to end / total of a RowsAhead chain of
 // at most two lists, for a loop split into parts that each request their
-// share (decode over pages smaller than a tile: one kernel call per page).
+// share (decode over a tile that crosses pages: one kernel call per page run).
 class RowsAheadPart {
  public:
   RowsAheadPart(const RowsAhead& whole, index_t begin, index_t end, index_t total) {

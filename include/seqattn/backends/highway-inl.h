@@ -450,6 +450,28 @@ struct FlashKernel {
     }
   }
 
+#if HWY_TARGET <= HWY_AVX3
+  // y * 2^k (k integral) in one VSCALEFPS, for Exp and ExpToBf16.
+  template <class VT>
+  static HWY_INLINE VT ScaleByPow2(VT y, VT k) {
+// GCC 12 passes _mm512_undefined_ps() as the merge source (see Transpose16).
+#if HWY_COMPILER_GCC_ACTUAL
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+    if constexpr (sizeof(VT) == 64) {
+      return VT{_mm512_scalef_ps(y.raw, k.raw)};
+    } else if constexpr (sizeof(VT) == 32) {
+      return VT{_mm256_scalef_ps(y.raw, k.raw)};
+    } else {
+      return VT{_mm_scalef_ps(y.raw, k.raw)};
+    }
+#if HWY_COMPILER_GCC_ACTUAL
+#pragma GCC diagnostic pop
+#endif
+  }
+#endif
+
   // e^x as hn::Exp computes it (the same two-part reduction by ln 2 and
   // degree-5 polynomial, 1 ulp), with AVX-512's VSCALEFPS multiplying by
   // 2^k in one instruction where hn::Exp converts k to an integer and builds
@@ -474,23 +496,7 @@ struct FlashKernel {
         hn::MulAdd(hn::Set(d, 0.000198527617612853646278381f), r, hn::Set(d, 0.00139304355252534151077271f));
     const VT poly = hn::MulAdd(r4, high, hn::MulAdd(r2, mid, low));
     const VT y = hn::Add(hn::MulAdd(poly, r2, r), hn::Set(d, 1.0f));
-    VT scaled;
-// GCC 12 passes _mm512_undefined_ps() as the merge source (see Transpose16).
-#if HWY_COMPILER_GCC_ACTUAL
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-    if constexpr (sizeof(VT) == 64) {
-      scaled = VT{_mm512_scalef_ps(y.raw, k.raw)};
-    } else if constexpr (sizeof(VT) == 32) {
-      scaled = VT{_mm256_scalef_ps(y.raw, k.raw)};
-    } else {
-      scaled = VT{_mm_scalef_ps(y.raw, k.raw)};
-    }
-#if HWY_COMPILER_GCC_ACTUAL
-#pragma GCC diagnostic pop
-#endif
-    return hn::IfThenElseZero(hn::Ge(clamped, hn::Set(d, -104.0f)), scaled);
+    return hn::IfThenElseZero(hn::Ge(clamped, hn::Set(d, -104.0f)), ScaleByPow2(y, k));
 #else
     return hn::Exp(d, x);
 #endif
@@ -517,20 +523,7 @@ struct FlashKernel {
     const VT c3 = hn::MulAdd(hn::Set(d, 0.00957010034f), f, hn::Set(d, 0.0559178591f));
     const VT c2 = hn::MulAdd(c3, f, hn::Set(d, 0.240247443f));
     const VT y = hn::MulAdd(hn::MulAdd(c2, f, hn::Set(d, 0.693121791f)), f, hn::Set(d, 0.999999285f));
-#if HWY_COMPILER_GCC_ACTUAL
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-    if constexpr (sizeof(VT) == 64) {
-      return VT{_mm512_scalef_ps(y.raw, k.raw)};
-    } else if constexpr (sizeof(VT) == 32) {
-      return VT{_mm256_scalef_ps(y.raw, k.raw)};
-    } else {
-      return VT{_mm_scalef_ps(y.raw, k.raw)};
-    }
-#if HWY_COMPILER_GCC_ACTUAL
-#pragma GCC diagnostic pop
-#endif
+    return ScaleByPow2(y, k);
 #else
     return Exp(d, x);
 #endif
@@ -547,7 +540,13 @@ struct FlashKernel {
   template <class DT, bool kToBf16 = false>
   static HWY_INLINE void SoftmaxRows(float* HWY_RESTRICT st, index_t cols, index_t r, float* HWY_RESTRICT m,
                                      float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
-    const auto exp = [](DT dt, hn::Vec<DT> x) { return kToBf16 ? ExpToBf16(dt, x) : Exp(dt, x); };
+    const auto exp = [](DT dt, hn::Vec<DT> x) {
+      if constexpr (kToBf16) {
+        return ExpToBf16(dt, x);
+      } else {
+        return Exp(dt, x);
+      }
+    };
     const DT d;
     using VT = hn::Vec<DT>;
     const VT neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
@@ -594,28 +593,28 @@ struct FlashKernel {
     hn::Store(hn::IfThenElse(nan_row, nan, a), d, alpha + r);
   }
 
-  static void online_softmax(float* HWY_RESTRICT st, index_t cols, index_t rows_p, float* HWY_RESTRICT m,
-                             float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
+  template <bool kToBf16>
+  static HWY_INLINE void OnlineSoftmax(float* HWY_RESTRICT st, index_t cols, index_t rows_p, float* HWY_RESTRICT m,
+                                       float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
     if constexpr (kLanes >= 16) {
       if (rows_p <= kLanes / 2) {
-        SoftmaxRows<hn::CappedTag<float, HWY_MAX(1, kLanes / 2)>>(st, cols, 0, m, l, alpha);
+        SoftmaxRows<hn::CappedTag<float, HWY_MAX(1, kLanes / 2)>, kToBf16>(st, cols, 0, m, l, alpha);
         return;
       }
     }
-    for (index_t r = 0; r < rows_p; r += kLanes) SoftmaxRows<D>(st, cols, r, m, l, alpha);
+    for (index_t r = 0; r < rows_p; r += kLanes) SoftmaxRows<D, kToBf16>(st, cols, r, m, l, alpha);
+  }
+
+  static void online_softmax(float* HWY_RESTRICT st, index_t cols, index_t rows_p, float* HWY_RESTRICT m,
+                             float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
+    OnlineSoftmax<false>(st, cols, rows_p, m, l, alpha);
   }
 
   // online_softmax for weights that are rounded to bf16 next (ExpToBf16);
   // the rescale factors alpha keep Exp's precision.
   static void online_softmax_to_bf16(float* HWY_RESTRICT st, index_t cols, index_t rows_p, float* HWY_RESTRICT m,
                                      float* HWY_RESTRICT l, float* HWY_RESTRICT alpha) {
-    if constexpr (kLanes >= 16) {
-      if (rows_p <= kLanes / 2) {
-        SoftmaxRows<hn::CappedTag<float, HWY_MAX(1, kLanes / 2)>, true>(st, cols, 0, m, l, alpha);
-        return;
-      }
-    }
-    for (index_t r = 0; r < rows_p; r += kLanes) SoftmaxRows<D, true>(st, cols, r, m, l, alpha);
+    OnlineSoftmax<true>(st, cols, rows_p, m, l, alpha);
   }
 
   // ---- Backward: P = exp(S - lse), dS = P * (dP - delta) (see ScalarKernel) ---

@@ -363,6 +363,23 @@ struct WidenedTiles {
   static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
     Kernel::online_softmax(st, cols, rows_p, m, l, alpha);
   }
+  // The by_pages path for K (value = false) or V: f(j, run, rows, ahead) for
+  // each page run of the tile's keys, `ahead` that run's share of the rows
+  // ahead; false (f not called) where the tile is read otherwise.
+  template <class T, class F>
+  bool by_page_runs(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, const ScoreTile& tile,
+                    index_t kv_head, const RowsAhead& ahead, F&& f) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (by_pages && (value ? v_in_place : k_in_place) && p.kv_run(seq, tile.kv_begin) < tile.cols) {
+        p.for_kv_runs(seq, value, tile.kv_begin, tile.cols, kv_head, [&](index_t j, index_t run, const float* rows) {
+          const RowsAheadPart part(ahead, j, j + run, tile.cols);
+          f(j, run, rows, part.get());
+        });
+        return true;
+      }
+    }
+    return false;
+  }
   template <class T>
   void load_query(const AttentionProblem<T>& p, const SequenceGeometry& seq, const TaskRows& t, float q_scale,
                   TileScratch<Kernel>& sc) const {
@@ -373,16 +390,12 @@ struct WidenedTiles {
   template <class T>
   void scores(const AttentionProblem<T>& p, const SequenceGeometry& seq, index_t kv_head, index_t r0, float,
               const ScoreTile& tile, TileScratch<Kernel>& sc, const RowsAhead& ahead) const {
-    if constexpr (std::is_same_v<T, float>) {
-      if (by_pages && k_in_place && p.kv_run(seq, tile.kv_begin) < tile.cols) {
-        p.for_kv_runs(seq, false, tile.kv_begin, tile.cols, kv_head, [&](index_t j, index_t run, const float* k) {
-          const RowsAheadPart part(ahead, j, j + run, tile.cols);
-          Kernel::scores(sc.qt.get() + r0, tile.rows_padded, p.dk, k, p.k_strides.token, run,
-                         tile.scores + j * Kernel::kBlockQ, part.get());
-        });
-        return;
-      }
-    }
+    const bool paged = by_page_runs(p, seq, false, tile, kv_head, ahead,
+                                    [&](index_t j, index_t run, const float* k, const RowsAhead& part) {
+                                      Kernel::scores(sc.qt.get() + r0, tile.rows_padded, p.dk, k, p.k_strides.token,
+                                                     run, tile.scores + j * Kernel::kBlockQ, part);
+                                    });
+    if (paged) return;
     const RowsView k = load_kv_tile<Kernel>(p, seq, false, tile.kv_begin, kv_head, tile.cols, p.dk, p.dk, k_in_place,
                                             sc.kbuf.get(), ahead);
     Kernel::scores(sc.qt.get() + r0, tile.rows_padded, p.dk, k.rows, k.stride, tile.cols, tile.scores,
@@ -393,16 +406,12 @@ struct WidenedTiles {
   void accumulate(const AttentionProblem<T>& p, const SequenceGeometry& seq, index_t kv_head, index_t dvp,
                   const ScoreTile& tile, const float* alpha, float* o, TileScratch<Kernel>& sc,
                   const RowsAhead& ahead) const {
-    if constexpr (std::is_same_v<T, float>) {
-      if (by_pages && v_in_place && p.kv_run(seq, tile.kv_begin) < tile.cols) {
-        p.for_kv_runs(seq, true, tile.kv_begin, tile.cols, kv_head, [&](index_t j, index_t run, const float* v) {
-          const RowsAheadPart part(ahead, j, j + run, tile.cols);
+    const bool paged = by_page_runs(
+        p, seq, true, tile, kv_head, ahead, [&](index_t j, index_t run, const float* v, const RowsAhead& part) {
           Kernel::accumulate_pv(tile.scores + j * Kernel::kBlockQ, tile.rows, run, v, p.v_strides.token, dvp,
-                                j == 0 ? alpha : sc.ones.get(), o, part.get());
+                                j == 0 ? alpha : sc.ones.get(), o, part);
         });
-        return;
-      }
-    }
+    if (paged) return;
     const RowsView v = load_kv_tile<Kernel>(p, seq, true, tile.kv_begin, kv_head, tile.cols, p.dv, dvp, v_in_place,
                                             sc.vbuf.get(), ahead);
     Kernel::accumulate_pv(tile.scores, tile.rows, tile.cols, v.rows, v.stride, dvp, alpha, o,

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -296,6 +297,126 @@ TEST_CASE("forward tasks run per K/V head of a sequence, longest first within it
   check(SlidingWindowMask{100, 0}, RaggedLengths::uniform(2, 500, 500), 6, 3, 3, true);
   check(CausalMask{Alignment::bottom_right}, RaggedLengths::uniform(3, 1, 2000), 8, 2, 4, true);  // split over KV
   check(CausalMask{}, RaggedLengths::uniform(1, 900, 900), 8, 8, 64, false);  // too few tasks per band for 64
+}
+
+TEST_CASE("row bands: disjoint aligned rows, each band's keys cover its rows' allowed keys", "[attention][plan]") {
+  using detail::TileSpan;
+  constexpr index_t kAlign = detail::kRowSpanAlign;
+  // Area of one band per tile (the hull of every allowed pair, rows widened
+  // to whole groups) against the bands', summed over the tiles checked.
+  index_t hull_area = 0, band_area = 0;
+  const auto check_tile = [&](std::span<const TileSpan> bands, index_t block_q, index_t block_kv, const auto& allowed) {
+    index_t first_row = block_q, last_row = -1, first_key = block_kv, last_key = -1;
+    for (index_t r = 0; r < block_q; ++r) {
+      for (index_t c = 0; c < block_kv; ++c) {
+        if (!allowed(r, c)) continue;
+        first_row = std::min(first_row, r);
+        last_row = r;
+        first_key = std::min(first_key, c);
+        last_key = std::max(last_key, c);
+        const auto in = std::count_if(bands.begin(), bands.end(), [&](const TileSpan& b) {
+          return b.row_begin <= r && r < b.row_end && b.col_begin <= c && c < b.col_end;
+        });
+        CAPTURE(r, c);
+        CHECK(in == 1);
+      }
+    }
+    for (std::size_t i = 0; i < bands.size(); ++i) {
+      const TileSpan& b = bands[i];
+      CAPTURE(i, b.row_begin, b.row_end, b.col_begin, b.col_end);
+      CHECK(b.row_begin % kAlign == 0);
+      CHECK((b.row_end % kAlign == 0 || b.row_end == block_q));
+      CHECK(b.row_begin < b.row_end);
+      CHECK(b.row_end <= block_q);
+      CHECK(b.col_begin % 2 == 0);
+      CHECK(0 <= b.col_begin);
+      CHECK(b.col_begin < b.col_end);
+      CHECK(b.col_end <= block_kv);
+      if (i > 0) CHECK(bands[i - 1].row_end <= b.row_begin);
+      // A band's first and last groups allow some key (no empty rows at its edges).
+      for (const index_t r0 : {index_t{b.row_begin}, (b.row_end - 1) / kAlign * kAlign}) {
+        bool any = false;
+        for (index_t r = r0; r < std::min(r0 + kAlign, block_q); ++r) {
+          for (index_t c = 0; c < block_kv; ++c) any = any || allowed(r, c);
+        }
+        CHECK(any);
+      }
+      band_area += (b.row_end - b.row_begin) * (b.col_end - b.col_begin);
+    }
+    if (last_row >= 0) {
+      hull_area += (std::min(block_q, (last_row / kAlign + 1) * kAlign) - first_row / kAlign * kAlign) *
+                   (last_key + 1 - first_key);
+    } else {
+      CHECK(bands.empty());
+    }
+  };
+
+  SECTION("hand-made tiles") {
+    std::vector<TileSpan> out;
+    const auto bands_of = [&](std::vector<TileSpan> groups, index_t block_q) {
+      out.clear();
+      detail::choose_row_bands(groups, block_q, out);
+      return out;
+    };
+    // A causal diagonal through a 128 x 64 tile's first 64 rows: rows 0-15
+    // see keys 0-15 and so on; rows 64-127 see all 64 keys.
+    std::vector<TileSpan> diagonal;
+    for (index_t g = 0; g < 8; ++g)
+      diagonal.push_back({0, 0, 0, static_cast<std::int32_t>(std::min<index_t>(64, 16 * (g + 1)))});
+    const std::vector<TileSpan> d = bands_of(diagonal, 128);
+    check_tile(d, 128, 64, [](index_t r, index_t c) { return c <= r; });
+    CHECK(d.size() > 1);
+    CHECK(d.back().row_end == 128);
+    CHECK(d.back().col_end == 64);
+    // Nothing allowed: no band; a group in the middle allowing nothing can be in a band or not.
+    CHECK(bands_of(std::vector<TileSpan>(8, TileSpan{0, 0, 64, 0}), 128).empty());
+    std::vector<TileSpan> gap(8, TileSpan{0, 0, 64, 0});
+    gap[0] = {0, 0, 3, 9};
+    gap[7] = {0, 0, 40, 64};
+    const std::vector<TileSpan> g = bands_of(gap, 120);  // a unit of 120 rows
+    check_tile(g, 120, 64, [](index_t r, index_t c) { return (r < 16 && 3 <= c && c < 9) || (r >= 112 && c >= 40); });
+    REQUIRE(g.size() == 2);
+    CHECK(g[0].col_begin == 2);  // rounded down to even
+    CHECK(g[1].row_end == 120);
+  }
+
+  SECTION("every partial tile of planned masks") {
+    using Kernel = backends::Highway::Kernel;
+    std::mt19937 rng(1201);
+    std::vector<std::int32_t> ids;
+    for (std::int32_t doc = 1; ids.size() < 1500; ++doc) {
+      ids.insert(ids.end(), static_cast<std::size_t>(std::uniform_int_distribution<int>(1, 300)(rng)), doc);
+    }
+    ids.resize(1500);
+    const DocumentLayout layout =
+        DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), {1, 1500}));
+    const RaggedLengths lengths = RaggedLengths::uniform(1, 1500, 1500);
+    const auto check_mask = [&](const auto& mask) {
+      const BlockMask bm = build_block_mask(mask, lengths, 1, backends::Highway::block_shape());
+      AttentionShape shape;
+      shape.lengths = lengths;
+      shape.heads = shape.kv_heads = 1;
+      shape.dk = shape.dv = 16;
+      const detail::TiledWork w = detail::plan_tiled_work<Kernel>(shape, bm, PlanOptions{}, 2);
+      REQUIRE(bm.num_distinct_partial_tiles() > 0);
+      REQUIRE(w.span_begin.size() == static_cast<std::size_t>(bm.num_distinct_partial_tiles() + 1));
+      for (index_t id = 0; id < bm.num_distinct_partial_tiles(); ++id) {
+        const auto bits = bm.tile_bits(static_cast<std::int32_t>(id));
+        const auto bands = std::span<const TileSpan>(w.spans).subspan(
+            static_cast<std::size_t>(w.span_begin[static_cast<std::size_t>(id)]),
+            static_cast<std::size_t>(w.span_begin[static_cast<std::size_t>(id) + 1] -
+                                     w.span_begin[static_cast<std::size_t>(id)]));
+        CAPTURE(id);
+        check_tile(bands, Kernel::kBlockQ, Kernel::kBlockKv,
+                   [&](index_t r, index_t c) { return detail::test_bit(bits.data() + r * bm.words_per_row(), c); });
+      }
+    };
+    check_mask(document_mask(layout, CausalMask{}));
+    check_mask(SlidingWindowMask{200, 0});
+    check_mask(CausalMask{});
+    // The bands compute fewer pairs than one span per tile would.
+    CHECK(band_area < hull_area);
+  }
 }
 
 TEST_CASE("SoftmaxState merges partial rows exactly, in any split", "[attention][softmax_state]") {

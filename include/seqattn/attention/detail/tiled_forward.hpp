@@ -5,6 +5,8 @@
 //                        and K/V head), its K rows and V copied once into the
 //                        layout the tasks read (packed_kv.hpp)
 //   load_query_tile      Q rows of the task -> Qt [dk][kBlockQ], pre-scaled
+//   (from here to accumulate_pv once per row band of a partial tile: the
+//    band's rows against the keys they allow, TiledWork::spans)
 //   load_kv_tile         K or V rows of one tile, used in place or staged as fp32
 //                        (stage_rows; through the page table of a paged cache;
 //                        decode requests the next rows as it goes: decode_rows_ahead)
@@ -336,7 +338,8 @@ struct TiledCall {
   // The plan's transposed tile bits (TiledWork::column_bits): `w` may be a
   // call's refinement of the plan's work, which does not copy them.
   std::span<const std::uint8_t> column_bits;
-  std::span<const TileSpan> spans;  // the plan's (TiledWork::spans)
+  std::span<const TileSpan> spans;  // the plan's row bands (TiledWork::spans, span_begin)
+  std::span<const index_t> span_begin;
   float q_scale = 1.0f;
   bool k_in_place = false;  // fp32 K rows contiguous: usable without staging
   bool v_in_place = false;
@@ -450,25 +453,22 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
                   : 0;
     for (index_t g = 0; g < u.kv_groups; ++g) {
       const index_t kv_head = u.kv_head + g;
-      // The group's rows and the tile's keys, or (one group) the tile's span of them.
-      index_t r0 = g * t.group_rows, rows = t.group_rows, rows_p = t.group_rows_p, key0 = kv0, keys = cols;
+      // The group's rows and the tile's keys, or (one group) the tile's row bands.
       const std::uint8_t* bits = transposed_tile_bits(c.column_bits, c.w.column_tile_bytes, ref.tile_id);
-      if (bits != nullptr) {  // the plan made spans beside the bits
-        const TileSpan span = c.spans[static_cast<std::size_t>(ref.tile_id)];
-        r0 = span.row_begin;
-        rows = std::min<index_t>(t.rows, span.row_end) - r0;
-        rows_p = std::min<index_t>(t.rows_p, span.row_end) - r0;
-        key0 = kv0 + span.col_begin;
-        keys = std::min<index_t>(cols, span.col_end) - span.col_begin;
-        if (rows <= 0 || keys <= 0) continue;
-        bits += span.col_begin * (kBq / 8) + r0 / 8;
+      const TileSpan whole{static_cast<std::int32_t>(g * t.group_rows),
+                           static_cast<std::int32_t>(g * t.group_rows + t.group_rows_p), 0,
+                           static_cast<std::int32_t>(cols)};
+      std::span<const TileSpan> bands(&whole, 1);
+      if (bits != nullptr) {  // the plan made row bands beside the bits
+        const auto id = static_cast<std::size_t>(ref.tile_id);
+        bands = c.spans.subspan(static_cast<std::size_t>(c.span_begin[id]),
+                                static_cast<std::size_t>(c.span_begin[id + 1] - c.span_begin[id]));
       }
-      const ScoreTile tile{sc.st.get() + r0,        kBq,        rows, rows_p,    keys,      sc.row_q.data() + r0,
-                           sc.row_head.data() + r0, u.sequence, key0, seq.q_len, seq.kv_len};
       // Decode: each group's scores request the next group's K rows (this
       // tile's next group, else the task's next tile's first), and its P.V
       // the next group's V rows; the task's first group requests its own V
-      // rows first, during its scores.
+      // rows first, during its scores. The first row band makes the
+      // requests (a decode task has kBlockQ / 4 rows at most: 2 bands).
       const void* v_rows[kBkv];
       const void* k_rows[kBkv];
       const void* own_rows[kBkv];
@@ -480,16 +480,31 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
         next_k = decode_rows_ahead(p, seq, false, at, n_rows, head, p.dk, k_rows);
         next_v = decode_rows_ahead(p, seq, true, at, n_rows, head, p.dv, v_rows);
       }
-      if (!many_rows && i == first_tile && g == 0) {
-        own_v = decode_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, own_rows);
-        own_v.also = &next_k;
+      for (const TileSpan& band : bands) {
+        const index_t r0 = band.row_begin, key0 = kv0 + band.col_begin;
+        const index_t rows = std::min<index_t>(t.rows, band.row_end) - r0;
+        const index_t rows_p = std::min<index_t>(t.rows_p, band.row_end) - r0;
+        const index_t keys = std::min<index_t>(cols, band.col_end) - band.col_begin;
+        if (rows <= 0 || keys <= 0) continue;
+        const ScoreTile tile{sc.st.get() + r0,        kBq,        rows, rows_p,    keys,      sc.row_q.data() + r0,
+                             sc.row_head.data() + r0, u.sequence, key0, seq.q_len, seq.kv_len};
+        const bool first_band = &band == &bands.front();
+        if (!many_rows && i == first_tile && g == 0 && first_band) {
+          own_v = decode_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, own_rows);
+          own_v.also = &next_k;
+        }
+        const std::uint8_t* band_bits = bits == nullptr ? nullptr : bits + band.col_begin * (kBq / 8) + r0 / 8;
+        tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc,
+                     !first_band   ? RowsAhead{}
+                     : own_v.n > 0 ? own_v
+                                   : next_k);
+        transform_scores<Kernel>(c.variant, tile);
+        mask_tile<Kernel>(tile, c.bm, ref.tile_id, band_bits, kBq / 8, u.q_block * kBq);
+        if (ref.by_segments) mask_segments(tile, *p.segment_ids);
+        tiles.online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
+        tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc,
+                         first_band ? next_v : RowsAhead{});
       }
-      tiles.scores(p, seq, kv_head, r0, c.q_scale, tile, sc, own_v.n > 0 ? own_v : next_k);
-      transform_scores<Kernel>(c.variant, tile);
-      mask_tile<Kernel>(tile, c.bm, ref.tile_id, bits, kBq / 8, u.q_block * kBq);
-      if (ref.by_segments) mask_segments(tile, *p.segment_ids);
-      tiles.online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
-      tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc, next_v);
     }
   }
   if (c.w.splits > 1) {
@@ -576,7 +591,8 @@ void run_tiled_forward(const TiledWork& planned, const BlockMask& bm, const Atte
   scratch.reserve(static_cast<std::size_t>(workers));
   for (int i = 0; i < workers; ++i) scratch.emplace_back(p.dk, w.dvp);
 
-  TiledCall<Kernel, T, V> call{p, w, bm, variant, planned.column_bits, planned.spans, 1.0f, false, false, {}};
+  TiledCall<Kernel, T, V> call{p,    w,     bm,    variant, planned.column_bits, planned.spans, planned.span_begin,
+                               1.0f, false, false, {}};
   call.q_scale = variant_scale(variant, p.dk);
   call.k_in_place = std::is_same_v<T, float> && p.k_strides.dim == 1 && p.k_strides.token == p.dk;
   call.v_in_place = std::is_same_v<T, float> && p.v_strides.dim == 1 && w.dvp == p.dv && p.v_strides.token == p.dv;

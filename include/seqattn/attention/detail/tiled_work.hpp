@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <span>
 #include <vector>
 
 #include "seqattn/attention/inputs.hpp"
@@ -83,13 +85,15 @@ struct TiledWork {
   // rows with one mask load. Only when rows are one q-tile of one head.
   std::vector<std::uint8_t> column_bits;
   index_t column_tile_bytes = 0;
-  // Beside column_bits, per distinct partial tile: the rows that allow some
-  // key (widened to whole kRowSpanAlign groups) and the keys some row
-  // allows. The forward computes only that part of the tile: a row the tile
-  // hides entirely would leave its running max, sum and output as they are
-  // (alpha 1, P 0), and a key every row hides adds nothing. A document or
-  // window edge crossing a tile hides a part of its rows or keys.
+  // Beside column_bits, per distinct partial tile: its row bands
+  // (choose_row_bands), spans[span_begin[id], span_begin[id + 1]). The forward
+  // computes only those parts of the tile, each band's rows against its
+  // keys: a row the tile hides entirely would leave its running max, sum
+  // and output as they are (alpha 1, P 0), and keys a band's rows all hide
+  // add nothing to those rows. A document or window edge crossing a tile
+  // hides a part of its rows or keys.
   std::vector<TileSpan> spans;
+  std::vector<index_t> span_begin;
   index_t dvp = 0;  // the kernel's padded V head dim
 
   index_t num_tasks() const { return static_cast<index_t>(order.size()); }
@@ -216,37 +220,90 @@ inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, inde
   return order;
 }
 
+// The row bands of one partial tile, from the keys each group of kRowSpanAlign
+// rows allows (groups[g]: rows [g, g + 1) * kRowSpanAlign, keys [col_begin,
+// col_end), none where col_end <= col_begin): runs of consecutive groups, each
+// band computing its rows against the hull of their keys, at the least
+// estimated cost (dynamic programming over the groups), appended to `out`. A
+// band neither starts nor ends on a group that allows nothing. One span per
+// tile (the rows that allow some key against the keys some row allows) computed
+// a diagonal tile's hidden triangle and, where a document ends inside a tile,
+// both documents' rows against both documents' keys: computed pairs over
+// allowed ones, 128 x 64 tiles, one span -> bands: bench/attention.cpp's 16
+// documents in 8k 1.127 -> 1.068, its window of 1k over 16k 1.062 -> 1.031,
+// causal 4k 1.015 -> 1.008. Cost of a band, in score pairs: rows x (keys + 2)
+// (the 2: P.V's reload of the rows' output), a third more for a band of one
+// group (one vector of rows: 6 QK^T accumulators, too few to cover the FMA
+// latency), and 256 for the calls (scores, softmax, P.V). Key ranges start
+// even, so that the bf16 pair arithmetic reads a band copy's key pairs where
+// they lie (PairDotTiles).
+inline void choose_row_bands(std::span<const TileSpan> groups, index_t block_q, std::vector<TileSpan>& out) {
+  constexpr double kBandCalls = 256;
+  const auto n = static_cast<index_t>(groups.size());
+  const auto group = [&](index_t g) { return groups[static_cast<std::size_t>(g)]; };
+  const auto allows = [&](index_t g) { return group(g).col_begin < group(g).col_end; };
+  // best[i]: the least cost of groups [0, i); from[i]: where its last band
+  // starts (i - 1 where group i - 1 is in no band), hull[i]: its keys.
+  std::vector<double> best(static_cast<std::size_t>(n + 1), 0.0);
+  std::vector<index_t> from(static_cast<std::size_t>(n + 1), 0);
+  std::vector<TileSpan> hull(static_cast<std::size_t>(n + 1));
+  for (index_t i = 1; i <= n; ++i) {
+    const auto at = static_cast<std::size_t>(i);
+    from[at] = i - 1;
+    best[at] = best[at - 1];
+    if (!allows(i - 1)) continue;
+    best[at] = std::numeric_limits<double>::infinity();
+    index_t lo = group(i - 1).col_begin, hi = group(i - 1).col_end;
+    for (index_t j = i - 1; j >= 0; --j) {  // the band [j, i)
+      if (!allows(j)) continue;
+      lo = std::min<index_t>(lo, group(j).col_begin);
+      hi = std::max<index_t>(hi, group(j).col_end);
+      const index_t rows = (i - j) * kRowSpanAlign, keys = hi - lo / 2 * 2;
+      const double cost = best[static_cast<std::size_t>(j)] +
+                          static_cast<double>(rows * (keys + 2)) * (i - j == 1 ? 4.0 / 3.0 : 1.0) + kBandCalls;
+      if (cost < best[at]) {
+        best[at] = cost;
+        from[at] = j;
+        hull[at] = {static_cast<std::int32_t>(j * kRowSpanAlign),
+                    static_cast<std::int32_t>(std::min(block_q, i * kRowSpanAlign)),
+                    static_cast<std::int32_t>(lo / 2 * 2), static_cast<std::int32_t>(hi)};
+      }
+    }
+  }
+  const std::size_t first = out.size();
+  for (index_t i = n; i > 0; i = from[static_cast<std::size_t>(i)]) {
+    if (allows(i - 1)) out.push_back(hull[static_cast<std::size_t>(i)]);
+  }
+  std::reverse(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+}
+
 // Column-major copies of the distinct partial tiles' bits, and each tile's
-// span of rows and keys (see TiledWork).
+// row bands (see TiledWork).
 inline void transpose_tile_bits(const BlockMask& bm, index_t block_q, index_t block_kv, TiledWork& w) {
   const index_t distinct = bm.num_distinct_partial_tiles(), wpr = bm.words_per_row();
   const index_t tile_bytes = block_kv * (block_q / 8);
   w.column_tile_bytes = tile_bytes;
   w.column_bits.assign(
       static_cast<std::size_t>(checked_mul(distinct, tile_bytes, "plan_attention: transposed tile bits")), 0);
-  w.spans.assign(static_cast<std::size_t>(distinct), TileSpan{});
+  w.spans.clear();
+  w.span_begin.assign(1, 0);
+  std::vector<TileSpan> groups(static_cast<std::size_t>((block_q + kRowSpanAlign - 1) / kRowSpanAlign));
   for (index_t id = 0; id < distinct; ++id) {
     const auto rows_bits = bm.tile_bits(static_cast<std::int32_t>(id));
     std::uint8_t* dst = w.column_bits.data() + id * tile_bytes;
-    index_t first = block_q, last = -1, first_key = block_kv, last_key = -1;
+    std::fill(groups.begin(), groups.end(), TileSpan{0, 0, static_cast<std::int32_t>(block_kv), 0});
     for (index_t r = 0; r < block_q; ++r) {
+      TileSpan& group = groups[static_cast<std::size_t>(r / kRowSpanAlign)];
       for (index_t c = 0; c < block_kv; ++c) {
         if (test_bit(rows_bits.data() + r * wpr, c)) {
           dst[c * (block_q / 8) + r / 8] |= static_cast<std::uint8_t>(1u << (r % 8));
-          first = std::min(first, r);
-          last = r;
-          first_key = std::min(first_key, c);
-          last_key = std::max(last_key, c);
+          group.col_begin = std::min(group.col_begin, static_cast<std::int32_t>(c));
+          group.col_end = std::max(group.col_end, static_cast<std::int32_t>(c + 1));
         }
       }
     }
-    TileSpan& span = w.spans[static_cast<std::size_t>(id)];
-    if (last >= first) {
-      span.row_begin = static_cast<std::int32_t>(first / kRowSpanAlign * kRowSpanAlign);
-      span.row_end = static_cast<std::int32_t>(std::min(block_q, (last / kRowSpanAlign + 1) * kRowSpanAlign));
-      span.col_begin = static_cast<std::int32_t>(first_key);
-      span.col_end = static_cast<std::int32_t>(last_key + 1);
-    }
+    choose_row_bands(groups, block_q, w.spans);
+    w.span_begin.push_back(static_cast<index_t>(w.spans.size()));
   }
 }
 

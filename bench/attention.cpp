@@ -7,7 +7,8 @@
 // peak measured in this binary (bench/support) for the same thread count; decode also reports
 // the K/V bytes streamed per second and their fraction of the measured
 // streaming-read bandwidth (at start-up, and beside the row: ReadBeside). `tiles` is the fraction of (q-tile, kv-tile)
-// pairs the engine visits (the rest are skipped as empty). bf16 prefill and
+// pairs the engine visits (the rest are skipped as empty), `computed` the score pairs it computes (whole
+// full tiles, partial ones by their row bands) over the allowed ones. bf16 prefill and
 // backward rows also report bf16_peak_frac, against the bf16 dot-product
 // peak, where the binary measured one (AVX512_BF16).
 #include "seqattn/attention.hpp"
@@ -131,6 +132,34 @@ double allowed_pairs(const M& mask, index_t q_len, index_t kv_len) {
   return n;
 }
 
+// Score pairs the forward computes, from the plan's work (full tiles whole,
+// partial ones by their row bands, each clipped to the unit's rows and the
+// keys), over all heads: over allowed_pairs x heads, the overcompute.
+template <class Plan>
+double computed_pairs(const Plan& plan, index_t kv_len) {
+  const detail::TiledWork& w = plan.work().forward;
+  constexpr index_t kBkv = backends::Highway::Kernel::kBlockKv;
+  double n = 0;
+  for (const detail::WorkUnit& u : w.units) {
+    for (std::size_t i = u.tiles_begin; i < u.tiles_end; ++i) {
+      const detail::TileRef ref = w.tiles[i];
+      const index_t cols = std::min(kBkv, kv_len - index_t{ref.kv_block} * kBkv);
+      if (ref.tile_id < 0 || w.span_begin.empty()) {
+        n += static_cast<double>(u.rows() * cols);
+        continue;
+      }
+      const auto id = static_cast<std::size_t>(ref.tile_id);
+      for (index_t b = w.span_begin[id]; b < w.span_begin[id + 1]; ++b) {
+        const detail::TileSpan& span = w.spans[static_cast<std::size_t>(b)];
+        const index_t rows = std::min<index_t>(u.rows(), span.row_end) - span.row_begin;
+        const index_t keys = std::min<index_t>(cols, span.col_end) - span.col_begin;
+        if (rows > 0 && keys > 0) n += static_cast<double>(rows * keys);
+      }
+    }
+  }
+  return n;
+}
+
 // K and V stored [B, S, Hkv, D] (BSHD) or, with head_major, [B, Hkv, S, D]
 // (a KV cache with one contiguous run of tokens per head) seen as BSHD.
 template <class T, class M>
@@ -156,14 +185,15 @@ void run_attention(benchmark::State& state, const M& mask, index_t batch, index_
   std::optional<ReadBeside> read;
   if (decode) read.emplace(threads);
   const double per_call = timed_forward_calls(state, plan, in, out, lse, pool);
-  const double gflops =
-      2.0 * static_cast<double>(batch * heads * (d + d)) * allowed_pairs(mask, q_len, kv_len) * 1e-9 / per_call;
+  const double allowed = allowed_pairs(mask, q_len, kv_len);
+  const double gflops = 2.0 * static_cast<double>(batch * heads * (d + d)) * allowed * 1e-9 / per_call;
   const auto& lim = bench::limits();
   state.counters["GFLOPs"] = gflops;
   state.counters["peak_frac"] = gflops / (threads == 1 ? lim.fma_gflops_1t : lim.fma_gflops_all);
   if (!decode) report_bf16_peak_frac<T>(state, gflops, threads);  // decode is bound by memory, not by either peak
   const double visited = static_cast<double>(bm.num_full_tiles() + bm.num_partial_tiles());
   state.counters["tiles"] = visited / static_cast<double>(bm.num_tiles());
+  if (batch == 1) state.counters["computed"] = computed_pairs(plan, kv_len) / (allowed * static_cast<double>(heads));
   if (decode) read->report(state, static_cast<double>(batch * kv_len * kv_heads * 2 * d) * sizeof(T), per_call);
   state.SetLabel(std::string(backends::Highway::target()) + (std::is_same_v<T, float> ? " f32" : " bf16"));
 }

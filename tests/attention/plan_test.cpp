@@ -373,15 +373,66 @@ TEST_CASE("row bands: disjoint aligned rows, each band's keys cover its rows' al
     std::vector<TileSpan> gap(8, TileSpan{0, 0, 64, 0});
     gap[0] = {0, 0, 3, 9};
     gap[7] = {0, 0, 40, 64};
-    const std::vector<TileSpan> g = bands_of(gap, 120);  // a unit of 120 rows
-    check_tile(g, 120, 64, [](index_t r, index_t c) { return (r < 16 && 3 <= c && c < 9) || (r >= 112 && c >= 40); });
+    const std::vector<TileSpan> g = bands_of(gap, 128);
+    check_tile(g, 128, 64, [](index_t r, index_t c) { return (r < 16 && 3 <= c && c < 9) || (r >= 112 && c >= 40); });
     REQUIRE(g.size() == 2);
     CHECK(g[0].col_begin == 2);  // rounded down to even
-    CHECK(g[1].row_end == 120);
+    CHECK(g[1].row_end == 128);
   }
 
-  SECTION("every partial tile of planned masks") {
-    using Kernel = backends::Highway::Kernel;
+  SECTION("the least row_band_cost over every split, random groups") {
+    std::mt19937 rng(1207);
+    std::vector<TileSpan> out;
+    for (int trial = 0; trial < 300; ++trial) {
+      const index_t n = std::uniform_int_distribution<index_t>(1, 8)(rng);
+      std::vector<TileSpan> groups(static_cast<std::size_t>(n));
+      for (TileSpan& grp : groups) {
+        const int lo = std::uniform_int_distribution<int>(0, 63)(rng);
+        const int hi = std::uniform_int_distribution<int>(lo + 1, 64)(rng);
+        grp = std::uniform_int_distribution<int>(0, 3)(rng) == 0 ? TileSpan{0, 0, 64, 0} : TileSpan{0, 0, lo, hi};
+      }
+      const auto allows = [&](index_t i) {
+        return groups[static_cast<std::size_t>(i)].col_begin < groups[static_cast<std::size_t>(i)].col_end;
+      };
+      // Every way to cut the groups into runs (a bit per boundary), each run
+      // trimmed of the groups at its ends that allow nothing.
+      double least = std::numeric_limits<double>::infinity();
+      for (std::uint32_t cuts = 0; cuts < (1u << (n - 1)); ++cuts) {
+        double cost = 0;
+        for (index_t a = 0; a < n;) {
+          index_t b = a + 1;
+          while (b < n && !((cuts >> (b - 1)) & 1u)) ++b;
+          index_t first = a, last = b - 1;
+          while (first <= last && !allows(first)) ++first;
+          while (last >= first && !allows(last)) --last;
+          if (first <= last) {
+            index_t lo = 64, hi = 0;
+            for (index_t i = first; i <= last; ++i) {
+              if (!allows(i)) continue;
+              lo = std::min<index_t>(lo, groups[static_cast<std::size_t>(i)].col_begin);
+              hi = std::max<index_t>(hi, groups[static_cast<std::size_t>(i)].col_end);
+            }
+            cost += detail::row_band_cost(last - first + 1, hi - lo / 2 * 2);
+          }
+          a = b;
+        }
+        least = std::min(least, cost);
+      }
+      out.clear();
+      detail::choose_row_bands(groups, n * kAlign, out);
+      double chosen = 0;
+      for (const TileSpan& b : out)
+        chosen += detail::row_band_cost((b.row_end - b.row_begin) / kAlign, b.col_end - b.col_begin);
+      CAPTURE(trial, n);
+      CHECK(std::abs(chosen - least) <= 1e-9 * least);
+      check_tile(out, n * kAlign, 64, [&](index_t r, index_t c) {
+        const TileSpan& grp = groups[static_cast<std::size_t>(r / kAlign)];
+        return grp.col_begin <= c && c < grp.col_end;
+      });
+    }
+  }
+
+  SECTION("every partial tile of planned masks, both kernels' tile shapes") {
     std::mt19937 rng(1201);
     std::vector<std::int32_t> ids;
     for (std::int32_t doc = 1; ids.size() < 1500; ++doc) {
@@ -391,8 +442,9 @@ TEST_CASE("row bands: disjoint aligned rows, each band's keys cover its rows' al
     const DocumentLayout layout =
         DocumentLayout::from_segment_ids(TensorView<const std::int32_t>(ids.data(), {1, 1500}));
     const RaggedLengths lengths = RaggedLengths::uniform(1, 1500, 1500);
-    const auto check_mask = [&](const auto& mask) {
-      const BlockMask bm = build_block_mask(mask, lengths, 1, backends::Highway::block_shape());
+    const auto check_mask = [&]<class Backend>(const auto& mask, Backend) {
+      using Kernel = typename Backend::Kernel;
+      const BlockMask bm = build_block_mask(mask, lengths, 1, Backend::block_shape());
       AttentionShape shape;
       shape.lengths = lengths;
       shape.heads = shape.kv_heads = 1;
@@ -411,9 +463,11 @@ TEST_CASE("row bands: disjoint aligned rows, each band's keys cover its rows' al
                    [&](index_t r, index_t c) { return detail::test_bit(bits.data() + r * bm.words_per_row(), c); });
       }
     };
-    check_mask(document_mask(layout, CausalMask{}));
-    check_mask(SlidingWindowMask{200, 0});
-    check_mask(CausalMask{});
+    check_mask(document_mask(layout, CausalMask{}), backends::Highway{});
+    check_mask(SlidingWindowMask{200, 0}, backends::Highway{});
+    check_mask(CausalMask{}, backends::Highway{});
+    check_mask(document_mask(layout, CausalMask{}), backends::Scalar{});
+    check_mask(SlidingWindowMask{200, 0}, backends::Scalar{});
     // The bands compute fewer pairs than one span per tile would.
     CHECK(band_area < hull_area);
   }

@@ -467,8 +467,8 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
       // Decode: each group's scores request the next group's K rows (this
       // tile's next group, else the task's next tile's first), and its P.V
       // the next group's V rows; the task's first group requests its own V
-      // rows first, during its scores. The first row band makes the
-      // requests (a decode task has kBlockQ / 4 rows at most: 2 bands).
+      // rows first, during its scores. The first row band that runs makes
+      // the requests (a decode task's kBlockQ / 4 rows at most may make two).
       const void* v_rows[kBkv];
       const void* k_rows[kBkv];
       const void* own_rows[kBkv];
@@ -480,6 +480,7 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
         next_k = decode_rows_ahead(p, seq, false, at, n_rows, head, p.dk, k_rows);
         next_v = decode_rows_ahead(p, seq, true, at, n_rows, head, p.dv, v_rows);
       }
+      bool requested = false;
       for (const TileSpan& band : bands) {
         const index_t r0 = band.row_begin, key0 = kv0 + band.col_begin;
         const index_t rows = std::min<index_t>(t.rows, band.row_end) - r0;
@@ -488,7 +489,8 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
         if (rows <= 0 || keys <= 0) continue;
         const ScoreTile tile{sc.st.get() + r0,        kBq,        rows, rows_p,    keys,      sc.row_q.data() + r0,
                              sc.row_head.data() + r0, u.sequence, key0, seq.q_len, seq.kv_len};
-        const bool first_band = &band == &bands.front();
+        const bool first_band = !requested;
+        requested = true;
         if (!many_rows && i == first_tile && g == 0 && first_band) {
           own_v = decode_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, own_rows);
           own_v.also = &next_k;

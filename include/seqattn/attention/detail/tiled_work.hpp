@@ -43,11 +43,12 @@ struct TileRef {
 struct TileSpan {
   std::int32_t row_begin = 0, row_end = 0, col_begin = 0, col_end = 0;
 };
-// Row spans start and end on multiples of this many rows (or end at the
-// unit's padded rows): a multiple of every kernel's row alignment (vectors
-// of up to 16 fp32 lanes, AMX's 16-row tiles), so the kernels see whole
-// aligned vectors of Qt and St from the span's first row. Key spans are
-// exact: the kernels take any key count.
+// Row bands start and end on multiples of this many rows (or at the tile's
+// last row; the forward clips them to the unit's padded rows): a multiple of
+// every kernel's row alignment (vectors of up to 16 fp32 lanes, AMX's 16-row
+// tiles), so the kernels see whole aligned vectors of Qt and St from the
+// band's first row. Their keys start on an even key (choose_row_bands) and
+// end anywhere: the kernels take any key count.
 inline constexpr index_t kRowSpanAlign = 16;
 
 struct WorkUnit {
@@ -220,25 +221,36 @@ inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, inde
   return order;
 }
 
+// The estimated cost of a row band of `groups` groups of kRowSpanAlign rows
+// against `keys` keys, in score pairs: rows x (keys + 2) (the 2: P.V's reload
+// of the rows' output), a third more for a band of one group (one vector of
+// rows: on AVX-512, 6 QK^T accumulators, too few to cover the FMA latency), and
+// 256 for the calls (scores, softmax, P.V). Estimates, not tuned (other
+// weights were not measured): with the bands they chose, bench/attention.cpp's
+// 16 documents in 8k and window of 1k over 16k ran in 36.0 and 178 ms against
+// 37.1 and 191.5 ms with one span per tile (fp32, 2 threads, medians of six
+// alternating rounds, the Zen 5 VM of packed_kv.hpp, 2026-11-27).
+inline double row_band_cost(index_t groups, index_t keys) {
+  const auto pairs = static_cast<double>(groups * kRowSpanAlign * (keys + 2));
+  return pairs * (groups == 1 ? 4.0 / 3.0 : 1.0) + 256.0;
+}
+
 // The row bands of one partial tile, from the keys each group of kRowSpanAlign
 // rows allows (groups[g]: rows [g, g + 1) * kRowSpanAlign, keys [col_begin,
 // col_end), none where col_end <= col_begin): runs of consecutive groups, each
 // band computing its rows against the hull of their keys, at the least
-// estimated cost (dynamic programming over the groups), appended to `out`. A
+// row_band_cost (dynamic programming over the groups), appended to `out`. A
 // band neither starts nor ends on a group that allows nothing. One span per
-// tile (the rows that allow some key against the keys some row allows) computed
-// a diagonal tile's hidden triangle and, where a document ends inside a tile,
-// both documents' rows against both documents' keys: computed pairs over
-// allowed ones, 128 x 64 tiles, one span -> bands: bench/attention.cpp's 16
-// documents in 8k 1.127 -> 1.068, its window of 1k over 16k 1.062 -> 1.031,
-// causal 4k 1.015 -> 1.008. Cost of a band, in score pairs: rows x (keys + 2)
-// (the 2: P.V's reload of the rows' output), a third more for a band of one
-// group (one vector of rows: 6 QK^T accumulators, too few to cover the FMA
-// latency), and 256 for the calls (scores, softmax, P.V). Key ranges start
-// even, so that the bf16 pair arithmetic reads a band copy's key pairs where
-// they lie (PairDotTiles).
+// tile (the rows that allow some key against the keys some row allows), as
+// before 2026-11-27, computed a diagonal tile's hidden triangle and, where a
+// document ends inside a tile, both documents' rows against both documents'
+// keys. bench/attention.cpp's `computed` counter (score pairs computed over
+// allowed ones, 128 x 64 tiles), one span -> bands: its 16 documents in 8k
+// 1.127 -> 1.068, its window of 1k over 16k 1.062 -> 1.031, causal 4k 1.015
+// -> 1.008. Key ranges start on an even key (one more key where a band's
+// first allowed key is odd), so that the bf16 pair arithmetic reads V's pair
+// words from the packed K/V band (BandKv) where they lie (PairDotTiles).
 inline void choose_row_bands(std::span<const TileSpan> groups, index_t block_q, std::vector<TileSpan>& out) {
-  constexpr double kBandCalls = 256;
   const auto n = static_cast<index_t>(groups.size());
   const auto group = [&](index_t g) { return groups[static_cast<std::size_t>(g)]; };
   const auto allows = [&](index_t g) { return group(g).col_begin < group(g).col_end; };
@@ -258,9 +270,7 @@ inline void choose_row_bands(std::span<const TileSpan> groups, index_t block_q, 
       if (!allows(j)) continue;
       lo = std::min<index_t>(lo, group(j).col_begin);
       hi = std::max<index_t>(hi, group(j).col_end);
-      const index_t rows = (i - j) * kRowSpanAlign, keys = hi - lo / 2 * 2;
-      const double cost = best[static_cast<std::size_t>(j)] +
-                          static_cast<double>(rows * (keys + 2)) * (i - j == 1 ? 4.0 / 3.0 : 1.0) + kBandCalls;
+      const double cost = best[static_cast<std::size_t>(j)] + row_band_cost(i - j, hi - lo / 2 * 2);
       if (cost < best[at]) {
         best[at] = cost;
         from[at] = j;

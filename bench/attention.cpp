@@ -7,8 +7,9 @@
 // peak measured in this binary (bench/support) for the same thread count; decode also reports
 // the K/V bytes streamed per second and their fraction of the measured
 // streaming-read bandwidth (at start-up, and beside the row: ReadBeside). `tiles` is the fraction of (q-tile, kv-tile)
-// pairs the engine visits (the rest are skipped as empty), `computed` the score pairs it computes (whole
-// full tiles, partial ones by their row bands) over the allowed ones. bf16 prefill and
+// pairs the engine visits (the rest are skipped as empty), `computed` the score pairs it computes (full tiles
+// whole, partial ones by their row bands where the plan made them; padding rows not counted) over the allowed
+// ones. bf16 prefill and
 // backward rows also report bf16_peak_frac, against the bf16 dot-product
 // peak, where the binary measured one (AVX512_BF16).
 #include "seqattn/attention.hpp"
@@ -133,8 +134,9 @@ double allowed_pairs(const M& mask, index_t q_len, index_t kv_len) {
 }
 
 // Score pairs the forward computes, from the plan's work (full tiles whole,
-// partial ones by their row bands, each clipped to the unit's rows and the
-// keys), over all heads: over allowed_pairs x heads, the overcompute.
+// partial ones by their row bands where the plan made them, else whole; each
+// clipped to the unit's rows, padding not counted, and to the keys), over
+// all heads: over allowed_pairs x heads, the overcompute.
 template <class Plan>
 double computed_pairs(const Plan& plan, index_t kv_len) {
   const detail::TiledWork& w = plan.work().forward;

@@ -468,6 +468,7 @@ TEST_CASE("row bands: disjoint aligned rows, each band's keys cover its rows' al
     check_mask(CausalMask{}, backends::Highway{});
     check_mask(document_mask(layout, CausalMask{}), backends::Scalar{});
     check_mask(SlidingWindowMask{200, 0}, backends::Scalar{});
+    check_mask(CausalMask{}, backends::Scalar{});
     // The bands compute fewer pairs than one span per tile would.
     CHECK(band_area < hull_area);
   }

@@ -226,10 +226,11 @@ inline std::vector<index_t> order_tasks(const std::vector<WorkUnit>& units, inde
 // of the rows' output), a third more for a band of one group (one vector of
 // rows: on AVX-512, 6 QK^T accumulators, too few to cover the FMA latency), and
 // 256 for the calls (scores, softmax, P.V). Estimates, not tuned (other
-// weights were not measured): with the bands they chose, bench/attention.cpp's
-// 16 documents in 8k and window of 1k over 16k ran in 36.0 and 178 ms against
-// 37.1 and 191.5 ms with one span per tile (fp32, 2 threads, medians of six
-// alternating rounds, the Zen 5 VM of packed_kv.hpp, 2026-11-27).
+// weights were not measured). With the bands they chose (the tree at
+// a854dd4), bench/attention.cpp's 16 documents in 8k ran in 36.0 ms (median;
+// 35.4-37.6) against 37.1 (36.1-40.0) at a75a269 (one span per tile), its
+// window of 1k over 16k in 178 (175-184) against 191.5 (182-212) ms: fp32, 2
+// threads, six alternating rounds, the Zen 5 VM of packed_kv.hpp, 2026-11-27.
 inline double row_band_cost(index_t groups, index_t keys) {
   const auto pairs = static_cast<double>(groups * kRowSpanAlign * (keys + 2));
   return pairs * (groups == 1 ? 4.0 / 3.0 : 1.0) + 256.0;
@@ -242,14 +243,14 @@ inline double row_band_cost(index_t groups, index_t keys) {
 // row_band_cost (dynamic programming over the groups), appended to `out`. A
 // band neither starts nor ends on a group that allows nothing. One span per
 // tile (the rows that allow some key against the keys some row allows), as
-// before 2026-11-27, computed a diagonal tile's hidden triangle and, where a
+// until a75a269, computed a diagonal tile's hidden triangle and, where a
 // document ends inside a tile, both documents' rows against both documents'
-// keys. bench/attention.cpp's `computed` counter (score pairs computed over
-// allowed ones, 128 x 64 tiles), one span -> bands: its 16 documents in 8k
-// 1.127 -> 1.068, its window of 1k over 16k 1.062 -> 1.031, causal 4k 1.015
-// -> 1.008. Key ranges start on an even key (one more key where a band's
-// first allowed key is odd), so that the bf16 pair arithmetic reads V's pair
-// words from the packed K/V band (BandKv) where they lie (PairDotTiles).
+// keys. With the bands, bench/attention.cpp's `computed` counter (score pairs
+// computed over allowed ones, 128 x 64 tiles) reads 1.068 for its 16
+// documents in 8k, 1.031 for its window of 1k over 16k and 1.008 for causal
+// 4k. Key ranges start on an even key (one more key where a band's first
+// allowed key is odd), so that the bf16 pair arithmetic reads V's pair words
+// from the packed K/V band (BandKv) where they lie (PairDotTiles).
 inline void choose_row_bands(std::span<const TileSpan> groups, index_t block_q, std::vector<TileSpan>& out) {
   const auto n = static_cast<index_t>(groups.size());
   const auto group = [&](index_t g) { return groups[static_cast<std::size_t>(g)]; };

@@ -150,9 +150,7 @@ double computed_pairs(const Plan& plan, index_t kv_len) {
         n += static_cast<double>(u.rows() * cols);
         continue;
       }
-      const auto id = static_cast<std::size_t>(ref.tile_id);
-      for (index_t b = w.span_begin[id]; b < w.span_begin[id + 1]; ++b) {
-        const detail::TileSpan& span = w.spans[static_cast<std::size_t>(b)];
+      for (const detail::TileSpan& span : w.row_bands(ref.tile_id)) {
         const index_t rows = std::min<index_t>(u.rows(), span.row_end) - span.row_begin;
         const index_t keys = std::min<index_t>(cols, span.col_end) - span.col_begin;
         if (rows > 0 && keys > 0) n += static_cast<double>(rows * keys);

@@ -454,10 +454,7 @@ TEST_CASE("row bands: disjoint aligned rows, each band's keys cover its rows' al
       REQUIRE(w.span_begin.size() == static_cast<std::size_t>(bm.num_distinct_partial_tiles() + 1));
       for (index_t id = 0; id < bm.num_distinct_partial_tiles(); ++id) {
         const auto bits = bm.tile_bits(static_cast<std::int32_t>(id));
-        const auto bands = std::span<const TileSpan>(w.spans).subspan(
-            static_cast<std::size_t>(w.span_begin[static_cast<std::size_t>(id)]),
-            static_cast<std::size_t>(w.span_begin[static_cast<std::size_t>(id) + 1] -
-                                     w.span_begin[static_cast<std::size_t>(id)]));
+        const auto bands = w.row_bands(static_cast<std::int32_t>(id));
         CAPTURE(id);
         check_tile(bands, Kernel::kBlockQ, Kernel::kBlockKv,
                    [&](index_t r, index_t c) { return detail::test_bit(bits.data() + r * bm.words_per_row(), c); });

@@ -335,11 +335,10 @@ struct TiledCall {
   const TiledWork& w;
   const BlockMask& bm;
   const V& variant;
-  // The plan's transposed tile bits (TiledWork::column_bits): `w` may be a
-  // call's refinement of the plan's work, which does not copy them.
-  std::span<const std::uint8_t> column_bits;
-  std::span<const TileSpan> spans;  // the plan's row bands (TiledWork::spans, span_begin)
-  std::span<const index_t> span_begin;
+  // The plan's work, for its transposed tile bits and row bands
+  // (TiledWork::column_bits, row_bands): `w` may be a call's refinement of
+  // it, which copies neither.
+  const TiledWork& planned;
   float q_scale = 1.0f;
   bool k_in_place = false;  // fp32 K rows contiguous: usable without staging
   bool v_in_place = false;
@@ -454,16 +453,12 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
     for (index_t g = 0; g < u.kv_groups; ++g) {
       const index_t kv_head = u.kv_head + g;
       // The group's rows and the tile's keys, or (one group) the tile's row bands.
-      const std::uint8_t* bits = transposed_tile_bits(c.column_bits, c.w.column_tile_bytes, ref.tile_id);
+      const std::uint8_t* bits = transposed_tile_bits(c.planned.column_bits, c.planned.column_tile_bytes, ref.tile_id);
       const TileSpan whole{static_cast<std::int32_t>(g * t.group_rows),
                            static_cast<std::int32_t>(g * t.group_rows + t.group_rows_p), 0,
                            static_cast<std::int32_t>(cols)};
       std::span<const TileSpan> bands(&whole, 1);
-      if (bits != nullptr) {  // the plan made row bands beside the bits
-        const auto id = static_cast<std::size_t>(ref.tile_id);
-        bands = c.spans.subspan(static_cast<std::size_t>(c.span_begin[id]),
-                                static_cast<std::size_t>(c.span_begin[id + 1] - c.span_begin[id]));
-      }
+      if (bits != nullptr) bands = c.planned.row_bands(ref.tile_id);  // made beside the bits
       // Decode: each group's scores request the next group's K rows (this
       // tile's next group, else the task's next tile's first), and its P.V
       // the next group's V rows; the task's first group requests its own V
@@ -593,8 +588,7 @@ void run_tiled_forward(const TiledWork& planned, const BlockMask& bm, const Atte
   scratch.reserve(static_cast<std::size_t>(workers));
   for (int i = 0; i < workers; ++i) scratch.emplace_back(p.dk, w.dvp);
 
-  TiledCall<Kernel, T, V> call{p,    w,     bm,    variant, planned.column_bits, planned.spans, planned.span_begin,
-                               1.0f, false, false, {}};
+  TiledCall<Kernel, T, V> call{p, w, bm, variant, planned, 1.0f, false, false, {}};
   call.q_scale = variant_scale(variant, p.dk);
   call.k_in_place = std::is_same_v<T, float> && p.k_strides.dim == 1 && p.k_strides.token == p.dk;
   call.v_in_place = std::is_same_v<T, float> && p.v_strides.dim == 1 && w.dvp == p.dv && p.v_strides.token == p.dv;

@@ -97,6 +97,14 @@ struct TiledWork {
   std::vector<index_t> span_begin;
   index_t dvp = 0;  // the kernel's padded V head dim
 
+  // The row bands of distinct partial tile `tile_id`, where the plan made them
+  // (beside column_bits).
+  std::span<const TileSpan> row_bands(std::int32_t tile_id) const {
+    const auto id = static_cast<std::size_t>(tile_id);
+    return std::span<const TileSpan>(spans).subspan(static_cast<std::size_t>(span_begin[id]),
+                                                    static_cast<std::size_t>(span_begin[id + 1] - span_begin[id]));
+  }
+
   index_t num_tasks() const { return static_cast<index_t>(order.size()); }
   const WorkUnit& unit_of(index_t task) const { return units[static_cast<std::size_t>(task / splits)]; }
 };
@@ -255,14 +263,12 @@ inline void choose_row_bands(std::span<const TileSpan> groups, index_t block_q, 
   const auto n = static_cast<index_t>(groups.size());
   const auto group = [&](index_t g) { return groups[static_cast<std::size_t>(g)]; };
   const auto allows = [&](index_t g) { return group(g).col_begin < group(g).col_end; };
-  // best[i]: the least cost of groups [0, i); from[i]: where its last band
-  // starts (i - 1 where group i - 1 is in no band), hull[i]: its keys.
+  // best[i]: the least cost of groups [0, i); band[i]: its last band, where
+  // group i - 1 allows some key (else that group is in no band).
   std::vector<double> best(static_cast<std::size_t>(n + 1), 0.0);
-  std::vector<index_t> from(static_cast<std::size_t>(n + 1), 0);
-  std::vector<TileSpan> hull(static_cast<std::size_t>(n + 1));
+  std::vector<TileSpan> band(static_cast<std::size_t>(n + 1));
   for (index_t i = 1; i <= n; ++i) {
     const auto at = static_cast<std::size_t>(i);
-    from[at] = i - 1;
     best[at] = best[at - 1];
     if (!allows(i - 1)) continue;
     best[at] = std::numeric_limits<double>::infinity();
@@ -274,16 +280,20 @@ inline void choose_row_bands(std::span<const TileSpan> groups, index_t block_q, 
       const double cost = best[static_cast<std::size_t>(j)] + row_band_cost(i - j, hi - lo / 2 * 2);
       if (cost < best[at]) {
         best[at] = cost;
-        from[at] = j;
-        hull[at] = {static_cast<std::int32_t>(j * kRowSpanAlign),
+        band[at] = {static_cast<std::int32_t>(j * kRowSpanAlign),
                     static_cast<std::int32_t>(std::min(block_q, i * kRowSpanAlign)),
                     static_cast<std::int32_t>(lo / 2 * 2), static_cast<std::int32_t>(hi)};
       }
     }
   }
   const std::size_t first = out.size();
-  for (index_t i = n; i > 0; i = from[static_cast<std::size_t>(i)]) {
-    if (allows(i - 1)) out.push_back(hull[static_cast<std::size_t>(i)]);
+  for (index_t i = n; i > 0;) {
+    if (!allows(i - 1)) {
+      --i;
+      continue;
+    }
+    out.push_back(band[static_cast<std::size_t>(i)]);
+    i = band[static_cast<std::size_t>(i)].row_begin / kRowSpanAlign;
   }
   std::reverse(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
 }

@@ -7,8 +7,8 @@
 // width), GQA, K stored with a head-dim stride, softcap with KV splits,
 // segment ids of the call (the plan's work refined per call), tiles whose
 // first key is odd (V packed per tile instead) and tiles whose odd last key
-// pairs with a key every row hides and whose V is NaN; and the size limit of
-// a band's copy.
+// pairs with a key every row hides and whose V is NaN, a hidden non-finite V
+// value in a later chunk of the copy; and the size limit of a band's copy.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -37,6 +37,14 @@ namespace {
 struct BandEdgesMask {
   static constexpr bool head_invariant = true;
   bool allowed(const MaskContext&, index_t q, index_t kv) const { return kv >= 45 && kv <= 100 && kv <= q; }
+  TileClass classify(const MaskContext& ctx, const Tile& t) const { return detail::classify_by_scan(*this, ctx, t); }
+};
+
+// Causal, with key 600 hidden from every row: the band copy's third chunk of
+// keys (512 .. 767) holds it.
+struct HiddenKeyMask {
+  static constexpr bool head_invariant = true;
+  bool allowed(const MaskContext&, index_t q, index_t kv) const { return kv <= q && kv != 600; }
   TileClass classify(const MaskContext& ctx, const Tile& t) const { return detail::classify_by_scan(*this, ctx, t); }
 };
 
@@ -201,6 +209,23 @@ TEST_CASE("packed K/V bands: tiles that start at an odd key or end beside a hidd
     }
   }
   x.check(BandEdgesMask{});
+}
+
+// The band copy says per chunk of keys whether its V is finite, and tiles of
+// finite chunks skip the scans for zero weights beside non-finite values: a
+// hidden NaN (and an infinity) in a later chunk must still be skipped there,
+// while the chunks before it take the path without scans.
+TEST_CASE("packed K/V bands: a hidden non-finite V value in a later chunk of keys", "[attention][packed_kv][nan]") {
+  std::mt19937 rng(2714);
+  Bshd x(rng, 1, 700, 700, 8, 2, 128);
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+  for (index_t h = 0; h < x.kv_heads; ++h) {
+    for (index_t e = 0; e < x.d; ++e) {
+      x.v(0, 600, h, e) = e % 2 == 0 ? kNaN : kInf;
+      x.vb(0, 600, h, e) = from_float<bfloat16>(x.v(0, 600, h, e));
+    }
+  }
+  x.check(HiddenKeyMask{});
 }
 
 TEST_CASE("packed K/V bands: THD sequences of different lengths, one of them empty", "[attention][packed_kv][thd]") {

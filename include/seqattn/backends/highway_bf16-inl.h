@@ -558,9 +558,17 @@ struct Bf16DotKernel {
     }
   }
 
+  // Whether every bf16 half of the pair words vp[jj][e], jj < pairs, e < dvp,
+  // is finite: for a V copy made once and read by many tiles (the forward's
+  // band copies, attention/detail/packed_kv.hpp), which then take
+  // accumulate_pv_finite.
+  static bool pairs_finite(const float* HWY_RESTRICT vp, index_t pairs, index_t dvp) {
+    return !AnyHalfWithExponent(vp, pairs, dvp, dvp, 0x7F80u);
+  }
+
   // accumulate_pv where every value of Vp is known finite (the backward
-  // checks its inputs once per call): no tile needs the select blocks, so
-  // neither scan runs.
+  // checks its inputs once per call, the forward's band copies theirs once
+  // per copy): no tile needs the select blocks, so neither scan runs.
   template <bool kHw>
   static void accumulate_pv_finite(const float* HWY_RESTRICT pt2, index_t rows, index_t pairs,
                                    const float* HWY_RESTRICT vp, index_t dvp, const float* HWY_RESTRICT alpha,
@@ -1055,14 +1063,23 @@ struct Bf16DotKernel {
       // The band's pairs where the tile's first key begins one; a tile whose
       // odd last key pairs with the next key's V gives that key a zero weight
       // (pack_p), and accumulate_pv skips zero weights where V is not finite.
+      // A band copy knows whether its V is finite; a tile's own copy is
+      // scanned by accumulate_pv when the tile has a zero weight.
       const float* vp = sc.vbuf.get();
+      bool finite = false;
+      const index_t pairs = (tile.cols + 1) / 2;
       if (band != nullptr && band->v_pairs && tile.kv_begin % 2 == 0) {
         vp = band->pairs_from(tile.kv_begin);
+        finite = band->v_pairs_finite(tile.kv_begin, tile.kv_begin + 2 * pairs);
       } else {
         pack_v([&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); }, p.v_strides.dim, tile.cols, p.dv,
                dvp, sc.vbuf.get());
       }
-      Bf16DotKernel::accumulate_pv<kHw>(tile.scores, tile.rows, (tile.cols + 1) / 2, vp, dvp, alpha, o);
+      if (finite) {
+        accumulate_pv_finite<kHw>(tile.scores, tile.rows, pairs, vp, dvp, alpha, o);
+      } else {
+        Bf16DotKernel::accumulate_pv<kHw>(tile.scores, tile.rows, pairs, vp, dvp, alpha, o);
+      }
     }
   };
 

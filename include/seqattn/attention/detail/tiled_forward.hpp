@@ -555,13 +555,18 @@ inline constexpr bool kPackVPairs = [] {
   }
 }();
 
-// The pair arithmetic's pack_v, for the band copies of V as pair words;
-// never called where kPackVPairs is false.
+// The pair arithmetic's pack_v, for the band copies of V as pair words,
+// and whether the words it wrote are all finite; never called where
+// kPackVPairs is false.
 template <class Kernel, class T>
 auto band_pair_packer() {
   return [](const auto& row, index_t dim_stride, index_t keys, index_t dv, index_t dvp, float* dst) {
     if constexpr (kPackVPairs<Kernel, T>) {
-      Bf16DotTask<Kernel>::PairKernel::pack_v(row, dim_stride, keys, dv, dvp, dst);
+      using Pairs = typename Bf16DotTask<Kernel>::PairKernel;
+      Pairs::pack_v(row, dim_stride, keys, dv, dvp, dst);
+      return Pairs::pairs_finite(dst, (keys + 1) / 2, dvp);
+    } else {
+      return false;
     }
   };
 }

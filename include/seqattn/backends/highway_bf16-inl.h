@@ -1063,8 +1063,9 @@ struct Bf16DotKernel {
       // The band's pairs where the tile's first key begins one; a tile whose
       // odd last key pairs with the next key's V gives that key a zero weight
       // (pack_p), and accumulate_pv skips zero weights where V is not finite.
-      // A band copy knows whether its V is finite; a tile's own copy is
-      // scanned by accumulate_pv when the tile has a zero weight.
+      // A band copy knows whether its V is finite; a tile's own copy, and a
+      // band chunk with a non-finite value, are scanned by accumulate_pv
+      // where the tile has a zero weight.
       const float* vp = sc.vbuf.get();
       bool finite = false;
       const index_t pairs = (tile.cols + 1) / 2;

@@ -136,14 +136,14 @@ struct BandKv {
   AlignedBuffer<T> k_rows, v_rows;
   AlignedBuffer<std::uint32_t> pair_words;  // 64-byte aligned: the kernel's vector loads
   // Per chunk of kChunk keys of the running band: whether all of its pair
-  // words are finite (pack_pairs says, as it packs them). A tile whose V is
-  // finite skips the scans that the NaN policy needs only beside a
-  // non-finite value (Bf16DotKernel::accumulate_pv): once per copy instead
-  // of once per tile that reads it. The scan of P for zero weights was 4-8 %
-  // of a 128 x 64 tile's P.V (bench/bf16_dot.cpp, BM_TilePV/1/0 against
-  // BM_TilePVFinite: 4.52-4.66 against 4.30-4.38 us, one thread of the
-  // 2-vCPU Zen 5 VM, 2026-11-27).
-  std::vector<std::uint8_t> pairs_finite;
+  // words are finite (pack_pairs scans the words it has just written). A
+  // tile whose V is finite skips the scans that the NaN policy needs only
+  // beside a non-finite value (Bf16DotKernel::accumulate_pv): once per copy
+  // instead of once per tile that reads it. The scan of P for zero weights
+  // was 3-8 % of a 128 x 64 tile's P.V (bench/bf16_dot.cpp, BM_TilePV/1/0
+  // against BM_TilePVFinite: 4.52-4.66 against 4.30-4.38 us, one thread of
+  // the 2-vCPU Zen 5 VM, 2026-11-27; that P has no zero, so V was not scanned).
+  std::vector<std::uint8_t> chunk_v_finite;
   AttentionProblem<T> problem;
 
   BandKv(const AttentionProblem<T>& p, index_t dvp_, bool pairs) : v_pairs(pairs), dvp(dvp_), problem(p) {
@@ -156,7 +156,7 @@ struct BandKv {
                                         pairs ? (longest + 1) / 2 : longest, pairs ? dvp : p.dv);
     if (pairs) {
       pair_words = AlignedBuffer<std::uint32_t>(v_size, AlignedBuffer<std::uint32_t>::Uninitialized{});
-      pairs_finite.assign(static_cast<std::size_t>((longest + kChunk - 1) / kChunk), 0);
+      chunk_v_finite.assign(static_cast<std::size_t>((longest + kChunk - 1) / kChunk), 0);
     } else {
       v_rows = AlignedBuffer<T>(v_size, typename AlignedBuffer<T>::Uninitialized{});
       problem.v = v_rows.get();
@@ -178,15 +178,16 @@ struct BandKv {
   // Whether the pair words of keys [begin, end) (begin even) are all finite.
   bool v_pairs_finite(index_t begin, index_t end) const {
     for (index_t c = begin / kChunk; c * kChunk < end; ++c) {
-      if (pairs_finite[static_cast<std::size_t>(c)] == 0) return false;
+      if (chunk_v_finite[static_cast<std::size_t>(c)] == 0) return false;
     }
     return true;
   }
 
   // Copies band `b`'s K and V from `given` (the caller's problem), in chunks
   // of kChunk keys split among `exec`'s workers. pack_pairs(row, dim_stride,
-  // keys, dv, dvp, dst): the kernel's pack_v, which writes V's pair words,
-  // returning whether they are all finite (called only where v_pairs).
+  // keys, dv, dvp, dst): writes V's pair words (the kernel's pack_v) and
+  // returns whether they are all finite (band_pair_packer; called only where
+  // v_pairs).
   template <class Exec, class PackPairs>
   void pack(const AttentionProblem<T>& given, const KvBand& b, Exec& exec, const PackPairs& pack_pairs) {
     const index_t chunks = (given.sequence(b.sequence).kv_len + kChunk - 1) / kChunk;
@@ -205,7 +206,7 @@ struct BandKv {
       const auto row = [&](index_t j) { return given.v_row(s, begin + j, b.kv_head); };
       const bool finite = pack_pairs(row, given.v_strides.dim, end - begin, given.dv, dvp,
                                      reinterpret_cast<float*>(pair_words.get() + begin / 2 * dvp));
-      pairs_finite[static_cast<std::size_t>(c)] = finite ? 1 : 0;
+      chunk_v_finite[static_cast<std::size_t>(c)] = finite ? 1 : 0;
       return;
     }
     for (index_t j = begin; j < end; ++j) {

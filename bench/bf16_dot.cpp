@@ -7,8 +7,8 @@
 //                      else the emulation (label "emulated"); 4 FLOP per lane
 //   BM_TileQK/path/conv  one in-cache 128 x 64 tile of QK^T, d = 128, 1 thread
 //   BM_TilePV/path/conv  one in-cache 128 x 64 tile of P.V, d = 128
-//   BM_TilePVFinite      BM_TilePV/1/0 with V known finite (no scans)
-//        path 0: widening (fp32 FlashKernel), 1: pair dot; conv 1 includes the
+//        path 0: widening (fp32 FlashKernel), 1: pair dot, 2 (P.V only): pair
+//        dot with V known finite (a band copy's: no scans); conv 1 includes the
 //        per-tile conversions each path does in the engine (widen: bf16 K or
 //        V -> fp32; pair dot: none for K, read in place; for P.V, pack V and
 //        round/pack P), conv 0 the kernel only
@@ -130,7 +130,7 @@ void BM_TileQK(benchmark::State& state) {
 BENCHMARK(BM_TileQK)->ArgsProduct({{0, 1}, {0, 1}});
 
 void BM_TilePV(benchmark::State& state) {
-  const bool native = state.range(0) == 1, conv = state.range(1) == 1;
+  const bool native = state.range(0) >= 1, known_finite = state.range(0) == 2, conv = state.range(1) == 1;
   Tile x;
   if (native) {
     Dot::pack_p(x.t.st.get(), kBkv, kBq);
@@ -143,7 +143,12 @@ void BM_TilePV(benchmark::State& state) {
         Dot::pack_p(x.t.st.get(), kBkv, kBq);
         Dot::pack_v([&](index_t j) { return x.t.v.data() + j * kD; }, 1, kBkv, kD, kD, x.t.vbuf.get());
       }
-      Dot::accumulate_pv<Dot::kNative>(x.t.st.get(), kBq, kBkv / 2, x.t.vbuf.get(), kD, x.t.alpha.get(), x.t.o.get());
+      if (known_finite) {
+        Dot::accumulate_pv_finite<Dot::kNative>(x.t.st.get(), kBq, kBkv / 2, x.t.vbuf.get(), kD, x.t.alpha.get(),
+                                                x.t.o.get());
+      } else {
+        Dot::accumulate_pv<Dot::kNative>(x.t.st.get(), kBq, kBkv / 2, x.t.vbuf.get(), kD, x.t.alpha.get(), x.t.o.get());
+      }
     } else {
       if (conv) {
         for (index_t j = 0; j < kBkv; ++j) Flash::to_f32(x.t.v.data() + j * kD, kD, x.vbuf_f32.get() + j * kD);
@@ -153,26 +158,10 @@ void BM_TilePV(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.counters["GFLOPs"] = benchmark::Counter(kTileFlop * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(target_label() + (native ? " pair-dot" : " widen") +
+  state.SetLabel(target_label() + (native ? " pair-dot" : " widen") + (known_finite ? ", V known finite" : "") +
                  (conv ? (native ? " +conv (incl. refilling P)" : " +conv") : ""));
 }
-BENCHMARK(BM_TilePV)->ArgsProduct({{0, 1}, {0, 1}});
-
-// BM_TilePV/1/0 where V is known finite (a band copy's pair words,
-// attention/detail/packed_kv.hpp): without the scan for zero weights.
-void BM_TilePVFinite(benchmark::State& state) {
-  Tile x;
-  Dot::pack_p(x.t.st.get(), kBkv, kBq);
-  Dot::pack_v([&](index_t j) { return x.t.v.data() + j * kD; }, 1, kBkv, kD, kD, x.t.vbuf.get());
-  for (auto _ : state) {
-    Dot::accumulate_pv_finite<Dot::kNative>(x.t.st.get(), kBq, kBkv / 2, x.t.vbuf.get(), kD, x.t.alpha.get(),
-                                            x.t.o.get());
-    benchmark::ClobberMemory();
-  }
-  state.counters["GFLOPs"] = benchmark::Counter(kTileFlop * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(target_label() + " pair-dot, V known finite");
-}
-BENCHMARK(BM_TilePVFinite);
+BENCHMARK(BM_TilePV)->ArgsProduct({{0, 1}, {0, 1}})->Args({2, 0});
 
 void BM_Probe(benchmark::State& state) {
   Dot::ProbeSeconds s;

@@ -141,7 +141,7 @@ struct BandKv {
   // beside a non-finite value (Bf16DotKernel::accumulate_pv): once per copy
   // instead of once per tile that reads it. The scan of P for zero weights
   // was 3-8 % of a 128 x 64 tile's P.V (bench/bf16_dot.cpp, BM_TilePV/1/0
-  // against BM_TilePVFinite: 4.52-4.66 against 4.30-4.38 us, one thread of
+  // against BM_TilePV/2/0: 4.52-4.66 against 4.30-4.38 us, one thread of
   // the 2-vCPU Zen 5 VM, 2026-11-27; that P has no zero, so V was not scanned).
   std::vector<std::uint8_t> chunk_v_finite;
   AttentionProblem<T> problem;

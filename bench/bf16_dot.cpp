@@ -7,8 +7,10 @@
 //                      else the emulation (label "emulated"); 4 FLOP per lane
 //   BM_TileQK/path/conv  one in-cache 128 x 64 tile of QK^T, d = 128, 1 thread
 //   BM_TilePV/path/conv  one in-cache 128 x 64 tile of P.V, d = 128
-//        path 0: widening (fp32 FlashKernel), 1: pair dot, 2 (P.V only): pair
-//        dot with V known finite (a band copy's: no scans); conv 1 includes the
+//        path 0: widening (fp32 FlashKernel), 1: pair dot; (P.V only) their
+//        unguarded forms, which skip the NaN policy's scans where the softmax
+//        saw no zero weight or V is known finite: 2 pair dot, 3 widening;
+//        conv 1 includes the
 //        per-tile conversions each path does in the engine (widen: bf16 K or
 //        V -> fp32; pair dot: none for K, read in place; for P.V, pack V and
 //        round/pack P), conv 0 the kernel only
@@ -130,7 +132,8 @@ void BM_TileQK(benchmark::State& state) {
 BENCHMARK(BM_TileQK)->ArgsProduct({{0, 1}, {0, 1}});
 
 void BM_TilePV(benchmark::State& state) {
-  const bool native = state.range(0) >= 1, known_finite = state.range(0) == 2, conv = state.range(1) == 1;
+  const bool native = state.range(0) == 1 || state.range(0) == 2, unguarded = state.range(0) >= 2,
+             conv = state.range(1) == 1;
   Tile x;
   if (native) {
     Dot::pack_p(x.t.st.get(), kBkv, kBq);
@@ -143,9 +146,9 @@ void BM_TilePV(benchmark::State& state) {
         Dot::pack_p(x.t.st.get(), kBkv, kBq);
         Dot::pack_v([&](index_t j) { return x.t.v.data() + j * kD; }, 1, kBkv, kD, kD, x.t.vbuf.get());
       }
-      if (known_finite) {
-        Dot::accumulate_pv_finite<Dot::kNative>(x.t.st.get(), kBq, kBkv / 2, x.t.vbuf.get(), kD, x.t.alpha.get(),
-                                                x.t.o.get());
+      if (unguarded) {
+        Dot::accumulate_pv_unguarded<Dot::kNative>(x.t.st.get(), kBq, kBkv / 2, x.t.vbuf.get(), kD, x.t.alpha.get(),
+                                                   x.t.o.get());
       } else {
         Dot::accumulate_pv<Dot::kNative>(x.t.st.get(), kBq, kBkv / 2, x.t.vbuf.get(), kD, x.t.alpha.get(), x.t.o.get());
       }
@@ -153,15 +156,19 @@ void BM_TilePV(benchmark::State& state) {
       if (conv) {
         for (index_t j = 0; j < kBkv; ++j) Flash::to_f32(x.t.v.data() + j * kD, kD, x.vbuf_f32.get() + j * kD);
       }
-      Flash::accumulate_pv(x.t.st.get(), kBq, kBkv, x.vbuf_f32.get(), kD, kD, x.t.alpha.get(), x.t.o.get());
+      if (unguarded) {
+        Flash::accumulate_pv_unguarded(x.t.st.get(), kBq, kBkv, x.vbuf_f32.get(), kD, kD, x.t.alpha.get(), x.t.o.get());
+      } else {
+        Flash::accumulate_pv(x.t.st.get(), kBq, kBkv, x.vbuf_f32.get(), kD, kD, x.t.alpha.get(), x.t.o.get());
+      }
     }
     benchmark::ClobberMemory();
   }
   state.counters["GFLOPs"] = benchmark::Counter(kTileFlop * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(target_label() + (native ? " pair-dot" : " widen") + (known_finite ? ", V known finite" : "") +
+  state.SetLabel(target_label() + (native ? " pair-dot" : " widen") + (unguarded ? ", unguarded" : "") +
                  (conv ? (native ? " +conv (incl. refilling P)" : " +conv") : ""));
 }
-BENCHMARK(BM_TilePV)->ArgsProduct({{0, 1}, {0, 1}})->Args({2, 0});
+BENCHMARK(BM_TilePV)->ArgsProduct({{0, 1}, {0, 1}})->Args({2, 0})->Args({3, 0});
 
 void BM_Probe(benchmark::State& state) {
   Dot::ProbeSeconds s;

@@ -60,10 +60,12 @@ struct FlashKernelEntry {
   void (*scores)(const float*, index_t, index_t, const float*, index_t, index_t, float*, const RowsAhead&) = nullptr;
   void (*softcap)(float*, index_t, index_t, float) = nullptr;
   void (*apply_column_bits)(float*, index_t, index_t, const std::uint8_t*, index_t) = nullptr;
-  void (*online_softmax)(float*, index_t, index_t, float*, float*, float*) = nullptr;
-  void (*online_softmax_to_bf16)(float*, index_t, index_t, float*, float*, float*) = nullptr;
+  bool (*online_softmax)(float*, index_t, index_t, float*, float*, float*) = nullptr;
+  bool (*online_softmax_to_bf16)(float*, index_t, index_t, float*, float*, float*) = nullptr;
   void (*accumulate_pv)(const float*, index_t, index_t, const float*, index_t, index_t, const float*, float*,
                         const RowsAhead&) = nullptr;
+  void (*accumulate_pv_unguarded)(const float*, index_t, index_t, const float*, index_t, index_t, const float*, float*,
+                                  const RowsAhead&) = nullptr;
   void (*softmax_backward_lanes)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
   void (*softmax_backward_columns)(float*, float*, index_t, index_t, const float*, const float*) = nullptr;
   void (*transpose_rows)(const float* const*, index_t, index_t, index_t, float, float*) = nullptr;
@@ -139,6 +141,7 @@ kernel_tests::FlashKernelEntry FlashKernelOfThisTarget() {
   e.online_softmax = &K::online_softmax;
   e.online_softmax_to_bf16 = &K::online_softmax_to_bf16;
   e.accumulate_pv = &K::accumulate_pv;
+  e.accumulate_pv_unguarded = &K::accumulate_pv_unguarded;
   e.softmax_backward_lanes = &K::softmax_backward_lanes;
   e.softmax_backward_columns = &K::softmax_backward_columns;
   e.transpose_rows = &K::transpose_rows;
@@ -241,7 +244,7 @@ void for_each_target(std::int64_t& ran, Fn&& fn) {
   }
 }
 
-using SoftmaxFn = void (*)(float*, index_t, index_t, float*, float*, float*);
+using SoftmaxFn = bool (*)(float*, index_t, index_t, float*, float*, float*);
 
 // fn(kernel, softmax, p_tol) for every target and both of its online
 // softmaxes; p_tol(w): how far a weight may be from the reference's w:
@@ -828,7 +831,12 @@ TEST_CASE("FlashKernel online_softmax matches ScalarKernel over several tiles on
                 r < rows ? input[static_cast<std::size_t>(t)][static_cast<std::size_t>(j * rows + r)] : 0.0f;
           }
         }
-        softmax(st.data(), cols, rows_p, m.data(), l.data(), alpha.data());
+        const bool tiny = softmax(st.data(), cols, rows_p, m.data(), l.data(), alpha.data());
+        bool any_tiny = false;  // the answer, from the weights it wrote
+        for (index_t j = 0; j < cols; ++j) {
+          for (index_t r = 0; r < rows_p; ++r) any_tiny |= !(st[j * bq + r] >= std::numeric_limits<float>::min());
+        }
+        CHECK(tiny == any_tiny);
         const auto& wp = want_p[static_cast<std::size_t>(t)];
         const auto& wm = want_m[static_cast<std::size_t>(t)];
         const auto& wl = want_l[static_cast<std::size_t>(t)];
@@ -862,6 +870,63 @@ TEST_CASE("FlashKernel online_softmax matches ScalarKernel over several tiles on
         check_report(ra);
       }
     });
+  }
+  require_every_target_ran(ran);
+}
+
+// Tiles whose answer is known: scores within a few units of each other (no
+// weight below the smallest normal float), and one score that makes a weight
+// zero or denormal: masked (-inf), underflowing (200 below the row's max),
+// denormal (95 below), a NaN score (its row's weights are 0). The engine
+// skips P.V's zero-weight guard on the answer false, so a wrong false would
+// let a hidden non-finite V value into O.
+TEST_CASE("online_softmax reports tiny weights on every Highway target and ScalarKernel", "[kernels]") {
+  std::int64_t ran = 0;
+  std::mt19937 rng(515);
+  std::uniform_real_distribution<float> near(-3.0f, 3.0f);
+  const index_t bq = any_kernel().block_q, bkv = any_kernel().block_kv;
+  struct Case {
+    const char* name;
+    float odd_score;  // at (key, row) = (cols - 1, rows - 1), relative to the others
+    bool tiny;
+  };
+  const Case cases[] = {{"no tiny weight", 0.0f, false},
+                        {"a masked score", -kInf, true},
+                        {"an underflowing score", -200.0f, true},
+                        {"a denormal weight", -95.0f, true},
+                        {"a NaN score", std::numeric_limits<float>::quiet_NaN(), true}};
+  for (const index_t rows : {1, 8, 13, 16, 40, 128}) {
+    for (const index_t cols : {1, 2, 37, 64}) {
+      if (rows > bq || cols > bkv) continue;
+      for (const Case& c : cases) {
+        INFO(c.name << ", rows = " << rows << ", cols = " << cols);
+        std::vector<float> input(static_cast<std::size_t>(bkv * bq), 0.0f);  // padding rows score 0, as the engine's
+        for (index_t j = 0; j < cols; ++j) {
+          for (index_t r = 0; r < rows; ++r) input[static_cast<std::size_t>(j * bq + r)] = near(rng);
+        }
+        float& odd = input[static_cast<std::size_t>((cols - 1) * bq + rows - 1)];
+        odd = std::isnan(c.odd_score) || std::isinf(c.odd_score) ? c.odd_score : odd + c.odd_score;
+        // A lone score has no other to fall behind: it is its row's max.
+        const bool tiny = c.tiny && !(cols == 1 && std::isfinite(c.odd_score));
+        {
+          INFO("ScalarKernel");
+          std::vector<float> st = input, m(static_cast<std::size_t>(bq), -kInf), l(static_cast<std::size_t>(bq), 0.0f),
+                             alpha(static_cast<std::size_t>(bq));
+          bool scalar_tiny = false;
+          scalar_chunks(st.data(), bq, cols, rows, [&](float* chunk, index_t r0, index_t nr) {
+            scalar_tiny |=
+                ScalarKernel::online_softmax(chunk, cols, nr, m.data() + r0, l.data() + r0, alpha.data() + r0);
+          });
+          CHECK(scalar_tiny == tiny);
+        }
+        for_each_target_and_softmax(ran, [&](const FlashKernelEntry& kernel, const SoftmaxFn softmax, const auto&) {
+          const index_t rows_p = kernel.padded_rows(rows);
+          Buffer st(bkv * bq, kSentinel), m(bq, -kInf), l(bq, 0.0f), alpha(bq, kSentinel);
+          std::copy(input.begin(), input.end(), st.data());
+          CHECK(softmax(st.data(), cols, rows_p, m.data(), l.data(), alpha.data()) == tiny);
+        });
+      }
+    }
   }
   require_every_target_ran(ran);
 }
@@ -930,24 +995,29 @@ TEST_CASE("FlashKernel accumulate_pv matches ScalarKernel on every Highway targe
         }
         Buffer ab(rows);
         std::copy(alpha.begin(), alpha.end(), ab.data());
-        Buffer o(rows * dvp);  // padding columns start at 0, as in the engine
-        for (index_t r = 0; r < rows; ++r) std::copy_n(o0.data() + r * dv, dv, o.data() + r * dvp);
         // A chain of two lists, the first empty: the stream skips it.
         const AheadRows rows_ahead(vb.data(), cols, v_stride, dvp);
         const seqattn::RowsAhead ahead{nullptr, 0, 0, &rows_ahead.hint};
-        kernel.accumulate_pv(pt.data(), rows, cols, vb.data(), v_stride, dvp, ab.data(), o.data(), ahead);
-        Report rep;
-        for (index_t r = 0; r < rows; ++r) {
-          for (index_t e = 0; e < dvp; ++e) {
-            if (e < dv) {
-              const auto i = static_cast<std::size_t>(r * dv + e);
-              rep.expect_near(o[r * dvp + e], want[i], 1e-5 * mag[i] + 1e-37, at("O", r, e));
-            } else {  // alpha * 0 + P * 0
-              rep.expect_bits(o[r * dvp + e], 0.0f, at("O (padding column)", r, e));
+        // Both forms: with V finite, the unguarded one's zero weights add 0.
+        for (const bool guarded : {true, false}) {
+          INFO((guarded ? "accumulate_pv" : "accumulate_pv_unguarded"));
+          Buffer o(rows * dvp);  // padding columns start at 0, as in the engine
+          for (index_t r = 0; r < rows; ++r) std::copy_n(o0.data() + r * dv, dv, o.data() + r * dvp);
+          (guarded ? kernel.accumulate_pv : kernel.accumulate_pv_unguarded)(pt.data(), rows, cols, vb.data(), v_stride,
+                                                                            dvp, ab.data(), o.data(), ahead);
+          Report rep;
+          for (index_t r = 0; r < rows; ++r) {
+            for (index_t e = 0; e < dvp; ++e) {
+              if (e < dv) {
+                const auto i = static_cast<std::size_t>(r * dv + e);
+                rep.expect_near(o[r * dvp + e], want[i], 1e-5 * mag[i] + 1e-37, at("O", r, e));
+              } else {  // alpha * 0 + P * 0
+                rep.expect_bits(o[r * dvp + e], 0.0f, at("O (padding column)", r, e));
+              }
             }
           }
+          check_report(rep);
         }
-        check_report(rep);
       });
     }
   }

@@ -561,18 +561,19 @@ struct Bf16DotKernel {
   // Whether every bf16 half of the pair words vp[jj][e], jj < pairs, e < dvp,
   // is finite: for a V copy made once and read by many tiles (the forward's
   // band copies, attention/detail/packed_kv.hpp), which then take
-  // accumulate_pv_finite.
+  // accumulate_pv_unguarded.
   static bool pairs_finite(const float* HWY_RESTRICT vp, index_t pairs, index_t dvp) {
     return !AnyHalfWithExponent(vp, pairs, dvp, dvp, 0x7F80u);
   }
 
   // accumulate_pv where every value of Vp is known finite (the backward
   // checks its inputs once per call, the forward's band copies theirs once
-  // per copy): no tile needs the select blocks, so neither scan runs.
+  // per copy) or no weight is zero (the online softmax saw none): no tile
+  // needs the select blocks, so neither scan runs.
   template <bool kHw>
-  static void accumulate_pv_finite(const float* HWY_RESTRICT pt2, index_t rows, index_t pairs,
-                                   const float* HWY_RESTRICT vp, index_t dvp, const float* HWY_RESTRICT alpha,
-                                   float* HWY_RESTRICT o) {
+  static void accumulate_pv_unguarded(const float* HWY_RESTRICT pt2, index_t rows, index_t pairs,
+                                      const float* HWY_RESTRICT vp, index_t dvp, const float* HWY_RESTRICT alpha,
+                                      float* HWY_RESTRICT o) {
     AccumulatePv<kHw, false>(pt2, rows, pairs, vp, dvp, alpha, o);
   }
 
@@ -734,15 +735,18 @@ struct Bf16DotKernel {
 
   // O[r][e] = alpha[r] O[r][e] + sum_jj dot2(Pt2[jj][r], (V[2jj][e], V[2jj+1][e])), r < 8, e < dvp;
   // V read in place (vrows[j], j < cols); dims in [dv, dvp) add 0. rows: the
-  // real rows (the NaN policy's zero-weight scan). `ahead`'s rows are
-  // requested over every block of dims.
+  // real rows (the NaN policy's zero-weight scan), which runs only where the
+  // softmax saw a tiny weight (`tiny_weight`; an odd tile's missing last key
+  // has a zero weight and a zero V). `ahead`'s rows are requested over every
+  // block of dims.
   template <bool kHw>
   static void accumulate_pv_decode(const float* HWY_RESTRICT pt2, index_t rows, const std::uint16_t* const* vrows,
                                    index_t cols, index_t dv, index_t dvp, const float* HWY_RESTRICT alpha,
-                                   float* HWY_RESTRICT o, const RowsAhead& ahead) {
+                                   float* HWY_RESTRICT o, bool tiny_weight, const RowsAhead& ahead) {
     const auto N = static_cast<index_t>(hn::Lanes(D()));
     const index_t pairs = (cols + 1) / 2;
-    const bool select = AnyHalfWithExponent(pt2, pairs, rows, kBq, 0u) && AnyNonFiniteRows(vrows, cols, dv);
+    const bool select =
+        tiny_weight && AnyHalfWithExponent(pt2, pairs, rows, kBq, 0u) && AnyNonFiniteRows(vrows, cols, dv);
     AheadStream stream(ahead, (dvp / N + kDecodePvVecs - 1) / kDecodePvVecs * ((pairs + 1) / 2));
     AheadStream* const requests = ahead.empty() ? nullptr : &stream;
     for (index_t e0 = 0; e0 < dvp; e0 += kDecodePvVecs * N) {
@@ -833,7 +837,7 @@ struct Bf16DotKernel {
       pack_p_decode(st.get(), kBkv);
       const std::uint16_t* vrows[kBkv];
       for (index_t j = 0; j < kBkv; ++j) vrows[j] = bits_of(v.data() + j * kd);
-      accumulate_pv_decode<kHw>(st.get(), kDecodeRows, vrows, kBkv, kd, kd, alpha.get(), o.get(), {});
+      accumulate_pv_decode<kHw>(st.get(), kDecodeRows, vrows, kBkv, kd, kd, alpha.get(), o.get(), true, {});
     }
 #endif
     void amx_decode() {
@@ -1023,8 +1027,8 @@ struct Bf16DotKernel {
     const detail::BandKv<bfloat16>* band = nullptr;
 
     // P is rounded to bf16 before P.V: its exponentials need no more precision.
-    static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
-      K::online_softmax_to_bf16(st, cols, rows_p, m, l, alpha);
+    static bool online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
+      return K::online_softmax_to_bf16(st, cols, rows_p, m, l, alpha);
     }
     void load_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
                     const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
@@ -1046,16 +1050,17 @@ struct Bf16DotKernel {
 #endif
       Bf16DotKernel::scores<kHw>(sc.qt.get() + r0, tile.rows_padded, p.dk, krows, tile.cols, q_scale, tile.scores);
     }
+    // tiny_weight: online_softmax's answer (false: no weight is zero).
     void accumulate(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
                     index_t dvp, const ScoreTile& tile, const float* alpha, float* o, detail::TileScratch<K>& sc,
-                    [[maybe_unused]] const RowsAhead& ahead) const {
+                    [[maybe_unused]] const RowsAhead& ahead, bool tiny_weight) const {
 #if HWY_TARGET <= HWY_AVX3
       if (decode_rows(tile.rows_padded) && p.dk <= kDecodeMaxDk && p.v_strides.dim == 1) {
         const std::uint16_t* vrows[kBkv];
         p.for_kv_rows(seq, true, tile.kv_begin, tile.cols, kv_head,
                       [&vrows](index_t j, const bfloat16* row) { vrows[j] = bits_of(row); });
         pack_p_decode(tile.scores, tile.cols);
-        accumulate_pv_decode<kHw>(tile.scores, tile.rows, vrows, tile.cols, p.dv, dvp, alpha, o, ahead);
+        accumulate_pv_decode<kHw>(tile.scores, tile.rows, vrows, tile.cols, p.dv, dvp, alpha, o, tiny_weight, ahead);
         return;
       }
 #endif
@@ -1065,7 +1070,8 @@ struct Bf16DotKernel {
       // (pack_p), and accumulate_pv skips zero weights where V is not finite.
       // A band copy knows whether its V is finite; a tile's own copy, and a
       // band chunk with a non-finite value, are scanned by accumulate_pv
-      // where the tile has a zero weight.
+      // where the tile has a zero weight: where the softmax saw no tiny
+      // weight, only an odd tile's missing key can have one.
       const float* vp = sc.vbuf.get();
       bool finite = false;
       const index_t pairs = (tile.cols + 1) / 2;
@@ -1076,8 +1082,8 @@ struct Bf16DotKernel {
         pack_v([&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); }, p.v_strides.dim, tile.cols, p.dv,
                dvp, sc.vbuf.get());
       }
-      if (finite) {
-        accumulate_pv_finite<kHw>(tile.scores, tile.rows, pairs, vp, dvp, alpha, o);
+      if (finite || (!tiny_weight && tile.cols % 2 == 0)) {
+        accumulate_pv_unguarded<kHw>(tile.scores, tile.rows, pairs, vp, dvp, alpha, o);
       } else {
         Bf16DotKernel::accumulate_pv<kHw>(tile.scores, tile.rows, pairs, vp, dvp, alpha, o);
       }
@@ -1185,8 +1191,8 @@ struct Bf16DotKernel {
     // P is rounded to bf16 before P.V (but for the fp32 P.V of a tile with a
     // zero weight beside a non-finite V, below, where the 3e-6 of the
     // exponentials stays under bf16's own error): no more precision needed.
-    static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
-      K::online_softmax_to_bf16(st, cols, rows_p, m, l, alpha);
+    static bool online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
+      return K::online_softmax_to_bf16(st, cols, rows_p, m, l, alpha);
     }
     void load_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
                     const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
@@ -1205,9 +1211,11 @@ struct Bf16DotKernel {
                             kBq * sizeof(float), amx_rows(tile.rows_padded), p.dk, tile.scores, kBq * sizeof(float));
       scale_rows(tile.scores, tile.cols, tile.rows_padded, q_scale);
     }
+    // Scans P and V whatever the softmax saw (the flag is a hint; this path
+    // was not run with it: no AMX CPU at hand).
     void accumulate(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
                     index_t dvp, const ScoreTile& tile, const float* alpha, float* o, detail::TileScratch<K>& sc,
-                    const RowsAhead&) const {
+                    const RowsAhead&, bool) const {
       const index_t keys = amx_keys(tile.cols), rows16 = amx_rows(tile.rows_padded);
       auto* pq = reinterpret_cast<std::uint16_t*>(sc.kbuf.get());
 #if HWY_TARGET <= HWY_AVX3

@@ -65,7 +65,11 @@ struct ScalarKernel {
   // uses 0 as its reference so no -inf - -inf arises. NaN policy
   // (attention/softmax_state.hpp): a NaN score, or a +inf one (exp(inf - inf)),
   // makes l NaN, and then m and alpha NaN too (alpha NaN turns O NaN).
-  static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
+  // Returns whether some weight is below the smallest normal float, zero
+  // included (masked and underflowed keys, NaN rows): where none is, P.V
+  // needs no zero-weight guard (accumulate_pv_unguarded).
+  static bool online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
+    bool tiny = false;
     for (index_t r = 0; r < rows_p; ++r) {
       float mx = kNegInf;
       for (index_t j = 0; j < cols; ++j) mx = nan_max(st[j * kBlockQ + r], mx);
@@ -77,11 +81,13 @@ struct ScalarKernel {
         const float e = std::exp(st[j * kBlockQ + r] - ref);
         st[j * kBlockQ + r] = e;
         sum += e;
+        tiny |= !(e >= std::numeric_limits<float>::min());
       }
       l[r] = l[r] * alpha[r] + sum;
       m[r] = m_new;
       if (std::isnan(l[r])) m[r] = alpha[r] = l[r];  // NaN rows: the whole state NaN, on every kernel alike
     }
+    return tiny;
   }
 
   // Backward: P = exp(S - lse), then dP -> dS = P * (dP - delta), with lse
@@ -127,12 +133,25 @@ struct ScalarKernel {
   // reach O; a masked or underflowed key's V may hold anything).
   static void accumulate_pv(const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride, index_t dvp,
                             const float* alpha, float* o, const RowsAhead& = {}) {
+    accumulate_pv_rows<true>(pt, rows, cols, v, v_stride, dvp, alpha, o);
+  }
+
+  // accumulate_pv where the caller knows that no weight is zero, or that V is
+  // finite: every weight multiplies its V row.
+  static void accumulate_pv_unguarded(const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride,
+                                      index_t dvp, const float* alpha, float* o, const RowsAhead& = {}) {
+    accumulate_pv_rows<false>(pt, rows, cols, v, v_stride, dvp, alpha, o);
+  }
+
+  template <bool kSkipZeros>
+  static void accumulate_pv_rows(const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride,
+                                 index_t dvp, const float* alpha, float* o) {
     for (index_t r = 0; r < rows; ++r) {
       float* out = o + r * dvp;
       for (index_t e = 0; e < dvp; ++e) out[e] *= alpha[r];
       for (index_t j = 0; j < cols; ++j) {
         const float pj = pt[j * kBlockQ + r];
-        if (pj == 0.0f) continue;
+        if (kSkipZeros && pj == 0.0f) continue;
         const float* vj = v + j * v_stride;
         for (index_t e = 0; e < dvp; ++e) out[e] += pj * vj[e];
       }

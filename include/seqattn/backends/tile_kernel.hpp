@@ -8,8 +8,11 @@
 //   scores(qt, rows_p, dk, k, k_stride, cols, st[, ahead])  St[j][r] = sum_d K[j][d] Qt[d][r]
 //   softcap(st, cols, rows_p, cap)                    St = cap * tanh(St)
 //   apply_column_bits(st, cols, rows_p, bits, bytes_per_key)  St[j][r] = -inf where bit r of key j is 0
-//   online_softmax(st, cols, rows_p, m, l, alpha)     St -> P, running max/sum, rescale factors
-//   accumulate_pv(pt, rows, cols, v, v_stride, dvp, alpha, o[, ahead])  O = alpha * O + P V
+//   online_softmax(st, cols, rows_p, m, l, alpha)     St -> P, running max/sum, rescale factors;
+//                                        returns whether some weight is below the smallest normal float
+//   accumulate_pv(pt, rows, cols, v, v_stride, dvp, alpha, o[, ahead])  O = alpha * O + P V, a zero
+//                                        weight never multiplying V (the NaN policy)
+//   accumulate_pv_unguarded(...)         the same where no weight is zero (or V is finite): no guard
 //   softmax_backward_lanes(s, dp, cols, rows_p, lse, delta)    P = exp(S - lse[r]), dS = P (dP - delta[r])
 //   softmax_backward_columns(s, dp, cols, rows_p, lse, delta)  the same with lse[j], delta[j]
 //   transpose_rows(rows, n, n_p, width, scale, dst)  dst[d][r] = rows[r][d] * scale, lanes [n, n_p) zero
@@ -199,9 +202,10 @@ concept TileKernel = requires(index_t n, const float* cf, float* f, const bfloat
   K::scores(cf, n, n, cf, n, n, f, RowsAhead{});
   K::softcap(f, n, n, 1.0f);
   K::apply_column_bits(f, n, n, bits, n);
-  K::online_softmax(f, n, n, f, f, f);
+  { K::online_softmax(f, n, n, f, f, f) } -> std::same_as<bool>;
   K::accumulate_pv(cf, n, n, cf, n, n, cf, f);
   K::accumulate_pv(cf, n, n, cf, n, n, cf, f, RowsAhead{});
+  K::accumulate_pv_unguarded(cf, n, n, cf, n, n, cf, f, RowsAhead{});
   K::softmax_backward_lanes(f, f, n, n, cf, cf);
   K::softmax_backward_columns(f, f, n, n, cf, cf);
   K::transpose_rows(&cf, n, n, n, 1.0f, f);

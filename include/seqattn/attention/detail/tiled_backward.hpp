@@ -671,7 +671,7 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
 // read in place as pairs). NaN policy as the vector path's: the three
 // accumulations skip a zero weight's non-finite value (the select blocks of
 // PairKernel::accumulate_pv), which a call whose inputs are all finite never
-// needs (accumulate_pv_finite: no scans); the same sums either way.
+// needs (accumulate_pv_unguarded: no scans); the same sums either way.
 namespace pair_pack {
 
 // out[i * stride + j] = (R_j[2i], R_j[2i+1]) for i < ceil(d / 2), j < n (the
@@ -736,7 +736,7 @@ struct PairKeyPass : KeyPassBase<Kernel, bfloat16, V> {
     const auto accumulate = [&](const float* weights, index_t rows, index_t pairs, const float* values, index_t width,
                                 float* acc) {
       if (c.finite) {
-        Pairs::template accumulate_pv_finite<kHw>(weights, rows, pairs, values, width, sc.ones.get(), acc);
+        Pairs::template accumulate_pv_unguarded<kHw>(weights, rows, pairs, values, width, sc.ones.get(), acc);
       } else {
         Pairs::template accumulate_pv<kHw>(weights, rows, pairs, values, width, sc.ones.get(), acc);
       }

@@ -16,8 +16,10 @@
 //   mask_segments        -inf across segments, where a call's segment ids mark
 //                        the tile (segment_tiles.hpp refines the plan's lists)
 //   online_softmax       running max / sum per row, St -> P (Kernel's; the
-//                        bf16 arithmetic's with exponentials to bf16 precision)
-//   Kernel::accumulate_pv    O = alpha O + P V
+//                        bf16 arithmetic's with exponentials to bf16 precision),
+//                        and whether some weight is tiny (zero or denormal)
+//   Kernel::accumulate_pv    O = alpha O + P V; unguarded (no NaN-policy scans)
+//                        where no weight is tiny
 //   finalize_rows / store_partials, then merge_partials for split-KV tasks
 //
 // run_task_steps is the one loop; the tile arithmetic it calls (load the
@@ -362,8 +364,8 @@ struct WidenedTiles {
   // 5 VM (bench/attention.cpp, 2026-11-27): 6.04, 6.51 -> 4.17, 4.19 ms.
   bool by_pages = false;
 
-  static void online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
-    Kernel::online_softmax(st, cols, rows_p, m, l, alpha);
+  static bool online_softmax(float* st, index_t cols, index_t rows_p, float* m, float* l, float* alpha) {
+    return Kernel::online_softmax(st, cols, rows_p, m, l, alpha);
   }
   // The by_pages path for K (value = false) or V: f(j, run, rows, ahead) for
   // each page run of the tile's keys, `ahead` that run's share of the rows
@@ -403,21 +405,29 @@ struct WidenedTiles {
     Kernel::scores(sc.qt.get() + r0, tile.rows_padded, p.dk, k.rows, k.stride, tile.cols, tile.scores,
                    k.staged ? RowsAhead{} : ahead);
   }
-  // o = alpha o + P V, P being the tile's probabilities.
+  // o = alpha o + P V, P being the tile's probabilities; `tiny_weight`:
+  // online_softmax's answer (false: no weight is zero, so P.V needs no guard).
   template <class T>
   void accumulate(const AttentionProblem<T>& p, const SequenceGeometry& seq, index_t kv_head, index_t dvp,
-                  const ScoreTile& tile, const float* alpha, float* o, TileScratch<Kernel>& sc,
-                  const RowsAhead& ahead) const {
-    const bool paged = by_page_runs(
-        p, seq, true, tile, kv_head, ahead, [&](index_t j, index_t run, const float* v, const RowsAhead& part) {
-          Kernel::accumulate_pv(tile.scores + j * Kernel::kBlockQ, tile.rows, run, v, p.v_strides.token, dvp,
-                                j == 0 ? alpha : sc.ones.get(), o, part);
-        });
+                  const ScoreTile& tile, const float* alpha, float* o, TileScratch<Kernel>& sc, const RowsAhead& ahead,
+                  bool tiny_weight) const {
+    const auto pv = [tiny_weight](const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride,
+                                  index_t width, const float* a, float* out, const RowsAhead& rows_ahead) {
+      if (tiny_weight) {
+        Kernel::accumulate_pv(pt, rows, cols, v, v_stride, width, a, out, rows_ahead);
+      } else {
+        Kernel::accumulate_pv_unguarded(pt, rows, cols, v, v_stride, width, a, out, rows_ahead);
+      }
+    };
+    const bool paged = by_page_runs(p, seq, true, tile, kv_head, ahead,
+                                    [&](index_t j, index_t run, const float* v, const RowsAhead& part) {
+                                      pv(tile.scores + j * Kernel::kBlockQ, tile.rows, run, v, p.v_strides.token, dvp,
+                                         j == 0 ? alpha : sc.ones.get(), o, part);
+                                    });
     if (paged) return;
     const RowsView v = load_kv_tile<Kernel>(p, seq, true, tile.kv_begin, kv_head, tile.cols, p.dv, dvp, v_in_place,
                                             sc.vbuf.get(), ahead);
-    Kernel::accumulate_pv(tile.scores, tile.rows, tile.cols, v.rows, v.stride, dvp, alpha, o,
-                          v.staged ? RowsAhead{} : ahead);
+    pv(tile.scores, tile.rows, tile.cols, v.rows, v.stride, dvp, alpha, o, v.staged ? RowsAhead{} : ahead);
   }
 };
 
@@ -498,9 +508,9 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
         transform_scores<Kernel>(c.variant, tile);
         mask_tile<Kernel>(tile, c.bm, ref.tile_id, band_bits, kBq / 8, u.q_block * kBq);
         if (ref.by_segments) mask_segments(tile, *p.segment_ids);
-        tiles.online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
+        const bool tiny_weight = tiles.online_softmax(tile.scores, keys, rows_p, m + r0, l + r0, sc.alpha.get() + r0);
         tiles.accumulate(p, seq, kv_head, c.w.dvp, tile, sc.alpha.get() + r0, o + r0 * c.w.dvp, sc,
-                         first_band ? next_v : RowsAhead{});
+                         first_band ? next_v : RowsAhead{}, tiny_weight);
       }
     }
   }

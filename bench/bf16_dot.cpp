@@ -9,9 +9,8 @@
 //   BM_TilePV/path/conv  one in-cache 128 x 64 tile of P.V, d = 128
 //        path 0: widening (fp32 FlashKernel), 1: pair dot; (P.V only) their
 //        unguarded forms, which skip the NaN policy's scans where the softmax
-//        saw no zero weight or V is known finite: 2 pair dot, 3 widening;
-//        conv 1 includes the
-//        per-tile conversions each path does in the engine (widen: bf16 K or
+//        saw no tiny weight or V is known finite: 2 pair dot, 3 widening;
+//        conv 1 includes the per-tile conversions each path does in the engine (widen: bf16 K or
 //        V -> fp32; pair dot: none for K, read in place; for P.V, pack V and
 //        round/pack P), conv 0 the kernel only
 //   BM_Probe           the automatic choice's one-time probe: seconds per tile

@@ -877,13 +877,13 @@ TEST_CASE("FlashKernel online_softmax matches ScalarKernel over several tiles on
 // Tiles whose answer is known: scores within a few units of each other (no
 // weight below the smallest normal float), and one score that makes a weight
 // zero or denormal: masked (-inf), underflowing (200 below the row's max),
-// denormal (95 below), a NaN score (its row's weights are 0). The engine
+// denormal (95 below), a NaN score (a weight of 0 or NaN). The engine
 // skips P.V's zero-weight guard on the answer false, so a wrong false would
 // let a hidden non-finite V value into O.
 TEST_CASE("online_softmax reports tiny weights on every Highway target and ScalarKernel", "[kernels]") {
   std::int64_t ran = 0;
   std::mt19937 rng(515);
-  std::uniform_real_distribution<float> near(-3.0f, 3.0f);
+  std::uniform_real_distribution<float> spread(-3.0f, 3.0f);
   const index_t bq = any_kernel().block_q, bkv = any_kernel().block_kv;
   struct Case {
     const char* name;
@@ -902,7 +902,7 @@ TEST_CASE("online_softmax reports tiny weights on every Highway target and Scala
         INFO(c.name << ", rows = " << rows << ", cols = " << cols);
         std::vector<float> input(static_cast<std::size_t>(bkv * bq), 0.0f);  // padding rows score 0, as the engine's
         for (index_t j = 0; j < cols; ++j) {
-          for (index_t r = 0; r < rows; ++r) input[static_cast<std::size_t>(j * bq + r)] = near(rng);
+          for (index_t r = 0; r < rows; ++r) input[static_cast<std::size_t>(j * bq + r)] = spread(rng);
         }
         float& odd = input[static_cast<std::size_t>((cols - 1) * bq + rows - 1)];
         odd = std::isnan(c.odd_score) || std::isinf(c.odd_score) ? c.odd_score : odd + c.odd_score;

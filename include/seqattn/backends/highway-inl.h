@@ -754,7 +754,8 @@ struct FlashKernel {
   // kSelect: a zero weight Pt[j][r] leaves O[r] as it is instead of adding
   // 0 * V[j] (NaN policy, attention/softmax_state.hpp: 0 * NaN must not reach
   // O). Only tiles that have both a zero weight and a non-finite V element
-  // take it (accumulate_pv), so the usual tile pays for the two scans only.
+  // take it (accumulate_pv); a tile whose softmax saw no tiny weight skips
+  // the scans too (accumulate_pv_unguarded).
   // stream: null, or the rows ahead, stepped once per key.
   template <int kRows, int kVecs, bool kSelect>
   static HWY_INLINE void PvBlock(const float* HWY_RESTRICT pt, index_t cols, const float* HWY_RESTRICT v,
@@ -890,8 +891,9 @@ struct FlashKernel {
     }
   }
 
-  // accumulate_pv where the caller knows that no weight is zero (the online
-  // softmax said so), or that V is finite: no scan. Measured on the 2-vCPU
+  // accumulate_pv where the caller knows that no weight is below the smallest
+  // normal float (the online softmax said so: none is zero, nor read as zero
+  // where denormals are), or that V is finite: no scan. Measured on the 2-vCPU
   // Zen 5 VM, 2026-11-27: one 128 x 64 prefill tile's P.V 8.64-9.02 us with
   // the scan, 8.46-8.54 without (bench/bf16_dot.cpp, BM_TilePV/0/0 and /3/0);
   // decode scans 8 rows of P per key, a larger share: GQA 32/4 over 4k keys

@@ -568,7 +568,8 @@ struct Bf16DotKernel {
 
   // accumulate_pv where every value of Vp is known finite (the backward
   // checks its inputs once per call, the forward's band copies theirs once
-  // per copy) or no weight is zero (the online softmax saw none): no tile
+  // per copy) or no weight is below the smallest normal float (the online
+  // softmax saw none, so none is zero after rounding to bf16): no tile
   // needs the select blocks, so neither scan runs.
   template <bool kHw>
   static void accumulate_pv_unguarded(const float* HWY_RESTRICT pt2, index_t rows, index_t pairs,
@@ -1211,8 +1212,8 @@ struct Bf16DotKernel {
                             kBq * sizeof(float), amx_rows(tile.rows_padded), p.dk, tile.scores, kBq * sizeof(float));
       scale_rows(tile.scores, tile.cols, tile.rows_padded, q_scale);
     }
-    // Scans P and V whatever the softmax saw (the flag is a hint; this path
-    // was not run with it: no AMX CPU at hand).
+    // Scans P and V whatever the softmax saw: skipping the scans on its
+    // answer, as the pair tiles do, was not run here (no AMX CPU at hand).
     void accumulate(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
                     index_t dvp, const ScoreTile& tile, const float* alpha, float* o, detail::TileScratch<K>& sc,
                     const RowsAhead&, bool) const {

@@ -133,35 +133,39 @@ struct ScalarKernel {
   // reach O; a masked or underflowed key's V may hold anything).
   static void accumulate_pv(const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride, index_t dvp,
                             const float* alpha, float* o, const RowsAhead& = {}) {
-    accumulate_pv_rows<true>(pt, rows, cols, v, v_stride, dvp, alpha, o);
+    AccumulatePv<true>(pt, rows, cols, v, v_stride, dvp, alpha, o);
   }
 
-  // accumulate_pv where the caller knows that no weight is zero, or that V is
-  // finite: every weight multiplies its V row.
+  // accumulate_pv where the caller knows that no weight is below the smallest
+  // normal float (online_softmax said so), or that V is finite: every weight
+  // multiplies its V row.
   static void accumulate_pv_unguarded(const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride,
                                       index_t dvp, const float* alpha, float* o, const RowsAhead& = {}) {
-    accumulate_pv_rows<false>(pt, rows, cols, v, v_stride, dvp, alpha, o);
-  }
-
-  template <bool kSkipZeros>
-  static void accumulate_pv_rows(const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride,
-                                 index_t dvp, const float* alpha, float* o) {
-    for (index_t r = 0; r < rows; ++r) {
-      float* out = o + r * dvp;
-      for (index_t e = 0; e < dvp; ++e) out[e] *= alpha[r];
-      for (index_t j = 0; j < cols; ++j) {
-        const float pj = pt[j * kBlockQ + r];
-        if (kSkipZeros && pj == 0.0f) continue;
-        const float* vj = v + j * v_stride;
-        for (index_t e = 0; e < dvp; ++e) out[e] += pj * vj[e];
-      }
-    }
+    AccumulatePv<false>(pt, rows, cols, v, v_stride, dvp, alpha, o);
   }
 
   // dst[d][r] = rows[r][d] * scale for r < n, d < width (kBlockQ floats per
   // dst row), lanes [n, n_p) zero: Q into Qt, and the backward's Kt, Vt, dS^T.
   static void transpose_rows(const float* const* rows, index_t n, index_t n_p, index_t width, float scale, float* dst) {
     transpose_rows_by_element<kBlockQ>(rows, n, n_p, width, scale, dst);
+  }
+
+ private:
+  // kSelect: a zero weight skips its V row (accumulate_pv), else every
+  // weight multiplies its row (accumulate_pv_unguarded).
+  template <bool kSelect>
+  static void AccumulatePv(const float* pt, index_t rows, index_t cols, const float* v, index_t v_stride, index_t dvp,
+                           const float* alpha, float* o) {
+    for (index_t r = 0; r < rows; ++r) {
+      float* out = o + r * dvp;
+      for (index_t e = 0; e < dvp; ++e) out[e] *= alpha[r];
+      for (index_t j = 0; j < cols; ++j) {
+        const float pj = pt[j * kBlockQ + r];
+        if (kSelect && pj == 0.0f) continue;
+        const float* vj = v + j * v_stride;
+        for (index_t e = 0; e < dvp; ++e) out[e] += pj * vj[e];
+      }
+    }
   }
 };
 

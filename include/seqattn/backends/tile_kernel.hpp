@@ -12,7 +12,8 @@
 //                                        returns whether some weight is below the smallest normal float
 //   accumulate_pv(pt, rows, cols, v, v_stride, dvp, alpha, o[, ahead])  O = alpha * O + P V, a zero
 //                                        weight never multiplying V (the NaN policy)
-//   accumulate_pv_unguarded(...)         the same where no weight is zero (or V is finite): no guard
+//   accumulate_pv_unguarded(...)         the same where no weight is below the smallest normal float
+//                                        (online_softmax said so) or V is finite: no guard
 //   softmax_backward_lanes(s, dp, cols, rows_p, lse, delta)    P = exp(S - lse[r]), dS = P (dP - delta[r])
 //   softmax_backward_columns(s, dp, cols, rows_p, lse, delta)  the same with lse[j], delta[j]
 //   transpose_rows(rows, n, n_p, width, scale, dst)  dst[d][r] = rows[r][d] * scale, lanes [n, n_p) zero

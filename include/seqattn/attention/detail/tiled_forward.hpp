@@ -406,7 +406,8 @@ struct WidenedTiles {
                    k.staged ? RowsAhead{} : ahead);
   }
   // o = alpha o + P V, P being the tile's probabilities; `tiny_weight`:
-  // online_softmax's answer (false: no weight is zero, so P.V needs no guard).
+  // online_softmax's answer (false: no weight is below the smallest normal
+  // float, so none is zero and P.V needs no guard).
   template <class T>
   void accumulate(const AttentionProblem<T>& p, const SequenceGeometry& seq, index_t kv_head, index_t dvp,
                   const ScoreTile& tile, const float* alpha, float* o, TileScratch<Kernel>& sc, const RowsAhead& ahead,

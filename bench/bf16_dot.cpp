@@ -13,6 +13,8 @@
 //        conv 1 includes the per-tile conversions each path does in the engine (widen: bf16 K or
 //        V -> fp32; pair dot: none for K, read in place; for P.V, pack V and
 //        round/pack P), conv 0 the kernel only
+//   BM_AmxRate         TDPBF16PS throughput, 1 thread (where the CPU has AMX)
+//   BM_TileAmx/step    one in-cache tile through the AMX tiles' steps, each alone
 //   BM_Probe           the automatic choice's one-time probe: seconds per tile
 //                      of each path and the choice (1 = pair dot); dec_*: the
 //                      decode probe (4 tiles of 8 rows x 64 keys)
@@ -183,6 +185,109 @@ void BM_Probe(benchmark::State& state) {
 }
 BENCHMARK(BM_Probe)->Iterations(3);
 
+// ---- AMX (where the CPU has it) ------------------------------------------------------
+
+// TDPBF16PS throughput: four independent 16 x 16 C tiles from two A and two B
+// tiles loaded once, as the 2 x 2 register block of backends/amx.hpp without
+// its loads; 16 * 16 * 32 * 2 FLOP per instruction. -1 where AMX is absent.
+#if SEQATTN_HAS_AMX
+__attribute__((target("amx-tile,amx-bf16"))) double amx_rate_gflops(long steps) {
+  const amx::detail::TileConfig& config = amx::detail::config();
+  alignas(64) static std::uint16_t operand[4 * 16 * 32];
+  alignas(64) static float c[16 * 16];
+  std::fill(std::begin(operand), std::end(operand), std::uint16_t{0x3C00});  // 2^-7: sums stay small
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand + 512, 64);
+  _tile_loadd(6, operand + 1024, 64);
+  _tile_loadd(7, operand + 1536, 64);
+  const auto start = std::chrono::steady_clock::now();
+  for (long i = 0; i < steps; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  _tile_release();
+  benchmark::DoNotOptimize(c[0]);
+  return 4.0 * static_cast<double>(steps) * 16 * 16 * 32 * 2 / seconds * 1e-9;
+}
+#endif
+
+void BM_AmxRate(benchmark::State& state) {
+  double best = -1;
+  for (auto _ : state) {
+#if SEQATTN_HAS_AMX
+    if (amx::available()) best = std::max(best, amx_rate_gflops(1 << 16));
+#endif
+  }
+  state.counters["GFLOPs"] = best;  // best of the iterations, 1 thread
+  state.SetLabel(best < 0 ? "no AMX" : "TDPBF16PS");
+}
+BENCHMARK(BM_AmxRate)->Iterations(5);
+
+// One in-cache 128 x 64 tile, d = 128, 1 thread, through AmxTiles' steps (backends/highway_bf16-inl.h), each alone:
+//   0 K.Qt2 (AMX), 1 online softmax (fp32 weights for bf16), 2 P rounded and transposed into Pq rows
+//   (amx::bf16_rows), 3 V into pairs (pack_v), 4 O scaled by alpha, 5 Pq.Vp into O (AMX), 6 the whole tile but the
+//   softmax (the probe's amx tile: 0 + 2 + 3 + 4 + 5 and the scale of the scores).
+void BM_TileAmx(benchmark::State& state) {
+  const int step = static_cast<int>(state.range(0));
+  if (!amx::available()) {
+    for (auto _ : state) {
+    }
+    state.SetLabel("no AMX");
+    return;
+  }
+  Dot::ProbeTile t;
+  auto* pq = reinterpret_cast<std::uint16_t*>(t.kbuf.get());
+  const auto* qt2 = reinterpret_cast<const std::uint32_t*>(t.qt2.get());
+  const auto* vp = reinterpret_cast<const std::uint32_t*>(t.vbuf.get());
+  detail::AlignedFloats m(kBq), l(kBq), alpha(kBq);
+  std::fill_n(t.st.get(), kBkv * kBq, 0.01f);
+  for (auto _ : state) {
+    switch (step) {
+      case 0:
+        amx::key_query_scores(t.krows[0], kD * 2, kBkv, qt2, kBq * sizeof(float), kBq, kD, t.st.get(),
+                              kBq * sizeof(float));
+        break;
+      case 1:
+        std::fill_n(m.get(), kBq, 0.0f);  // the same weights every time: none underflows
+        std::fill_n(l.get(), kBq, 1.0f);
+        benchmark::DoNotOptimize(Flash::online_softmax_to_bf16(t.st.get(), kBkv, kBq, m.get(), l.get(), alpha.get()));
+        break;
+      case 2:
+        amx::bf16_rows(t.st.get(), 1, kBq, kBq, kBkv, kBkv, kBq, pq);
+        break;
+      case 3:
+        Dot::pack_v([&](index_t j) { return t.v.data() + j * kD; }, 1, kBkv, kD, kD, t.vbuf.get());
+        break;
+      case 4:
+        Dot::scale_o(t.o.get(), kBq, kD, t.alpha.get());
+        break;
+      case 5:
+        amx::accumulate_pv(pq, kBkv * 2, kBq, kBkv, vp, kD * sizeof(float), kD, t.o.get(), kD * sizeof(float));
+        break;
+      default:
+        t.amx();
+        break;
+    }
+    benchmark::ClobberMemory();
+  }
+  if (step == 0 || step == 5 || step == 6) {
+    const double flop = step == 6 ? 2 * kTileFlop : kTileFlop;
+    state.counters["GFLOPs"] = benchmark::Counter(flop * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  }
+  static constexpr const char* kSteps[] = {"K.Qt2", "softmax", "pack P", "pack V", "scale O", "P.V", "tile"};
+  state.SetLabel(kSteps[step]);
+}
+BENCHMARK(BM_TileAmx)->DenseRange(0, 6);
+
 // ---- end to end --------------------------------------------------------------------
 
 template <class T>
@@ -221,10 +326,14 @@ void BM_PrefillCausal(benchmark::State& state) {
     label += " f32";
   } else {
     set_bf16_dot_path(static_cast<Bf16DotPath>(path));
-    const std::uint64_t before = bf16_native_tasks();
+    const std::uint64_t before = bf16_native_tasks(), amx_before = bf16_amx_tasks();
     per_call = prefill_seconds<bfloat16>(state, s, threads);
     label += path == 0 ? " bf16 widen" : path == 1 ? " bf16 pair-dot" : " bf16 auto";
-    if (path == 2) label += bf16_native_tasks() > before ? " (chose pair-dot)" : " (chose widen)";
+    if (path == 2) {
+      label += bf16_amx_tasks() > amx_before  ? " (chose amx)"
+               : bf16_native_tasks() > before ? " (chose pair-dot)"
+                                              : " (chose widen)";
+    }
     set_bf16_dot_path(saved);
   }
   // Causal: s (s + 1) / 2 allowed pairs per head, 2 (Dk + Dv) FLOP each.

@@ -21,6 +21,7 @@
 // rounding alone); we require <= 2e-5. Native against widen: both round the output, so
 // one bf16 ulp (2u |o|) plus P's u * max|V|.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -397,6 +398,49 @@ TEST_CASE("bf16 dot path: decode follows the NaN policy on every bf16 path", "[b
       CHECK(bad == 0);
     }
   }
+}
+
+// The AMX A-operand packer against its definition, element by element: both
+// orientations (P^T from St[key][row] in the forward and the backward's dS^T;
+// dS rows in the backward), row and column counts off the 16-row and 32-column
+// blocks, padding rows and columns, values that round up, down and to even.
+// Where AMX runs this is the vector packer; elsewhere the scalar loop.
+TEST_CASE("amx::bf16_rows packs rows and columns as rounding element by element", "[bf16_dot][amx]") {
+  std::mt19937 rng(2711);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  constexpr index_t kStride = 128;  // the engine's St / dP row length (kBlockQ)
+  std::vector<float> src(static_cast<std::size_t>(kStride * kStride));
+  for (float& x : src) x = value(rng);
+  // Exact halfway cases: ties to even, both ways.
+  src[0] = std::bit_cast<float>(0x3F808000u);
+  src[1] = std::bit_cast<float>(0x3F818000u);
+  src[kStride] = std::bit_cast<float>(0x3F807FFFu);
+  int shapes = 0;
+  for (const bool across : {true, false}) {
+    for (const index_t rows : {1, 7, 8, 16, 17, 40, 64, 128}) {
+      for (const index_t cols : {1, 2, 31, 32, 33, 63, 64, 100, 128}) {
+        if (!across && rows > kStride) continue;
+        const index_t len = (cols + 31) / 32 * 32;
+        const index_t rows_pad = rows < 16 ? rows + (rows % 2) : (rows + 15) / 16 * 16;
+        const std::ptrdiff_t row_step = across ? 1 : kStride, col_step = across ? kStride : 1;
+        std::vector<std::uint16_t> got(static_cast<std::size_t>(rows_pad * len), 0xFFFF);
+        amx::bf16_rows(src.data(), row_step, col_step, rows, cols, len, rows_pad, got.data());
+        int bad = 0;
+        for (index_t r = 0; r < rows_pad; ++r) {
+          for (index_t c = 0; c < len; ++c) {
+            const std::uint16_t want = r < rows && c < cols
+                                           ? bfloat16(src[static_cast<std::size_t>(r * row_step + c * col_step)]).bits
+                                           : std::uint16_t{0};
+            bad += got[static_cast<std::size_t>(r * len + c)] != want;
+          }
+        }
+        INFO((across ? "across" : "along") << " rows " << rows << " cols " << cols << " rows_pad " << rows_pad);
+        CHECK(bad == 0);
+        ++shapes;
+      }
+    }
+  }
+  CHECK(shapes == 2 * 8 * 9);
 }
 
 TEST_CASE("bf16 dot path: automatic choice and bad settings", "[bf16_dot]") {

@@ -32,6 +32,7 @@
 #include <cstring>
 
 #include "seqattn/core/tensor.hpp"
+#include "seqattn/core/x86_transpose.hpp"
 
 #if defined(__x86_64__) && defined(__linux__) && \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
@@ -53,17 +54,80 @@ inline std::uint16_t round_to_bf16(float x) {
   return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-// out[r * len + c] = bf16(src[r * row_step + c * col_step]) for r < rows, c < cols; zero for c in [cols, len)
-// and for rows [rows, rows_pad): an A operand (rows of bf16, zero-padded to whole tiles) from fp32 P or dS,
-// read row- or column-wise.
-inline void bf16_rows(const float* src, std::ptrdiff_t row_step, std::ptrdiff_t col_step, index_t rows, index_t cols,
-                      index_t len, index_t rows_pad, std::uint16_t* out) {
-  for (index_t r = 0; r < rows; ++r) {
-    for (index_t c = 0; c < cols; ++c) out[r * len + c] = round_to_bf16(src[r * row_step + c * col_step]);
-    std::fill(out + r * len + cols, out + (r + 1) * len, std::uint16_t{0});
-  }
-  std::fill(out + rows * len, out + rows_pad * len, std::uint16_t{0});
+#if SEQATTN_HAS_AMX
+
+namespace detail {
+
+#define SEQATTN_AMX_PACK_TARGET __attribute__((target("avx512f,avx512bw")))
+// GCC 12's unmasked shifts pass _mm512_undefined_epi32() as the merge source,
+// which -Wmaybe-uninitialized reports in target-attribute bodies; nothing
+// reads those lanes.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// The bf16 bits of 16 finite fp32 values, rounded to nearest even as round_to_bf16, in the high half of each word
+// (the low half is garbage).
+SEQATTN_AMX_PACK_TARGET inline __m512i rounded_bf16_words(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
 }
+
+SEQATTN_AMX_PACK_TARGET inline __mmask16 first_lanes(index_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// Row-contiguous src (col_step 1): per row, 32 columns from two masked loads, their high halves gathered by one
+// two-source 16-bit permute, one 64-byte store.
+SEQATTN_AMX_PACK_TARGET inline void bf16_rows_along(const float* src, std::ptrdiff_t row_step, index_t rows,
+                                                    index_t cols, index_t len, std::uint16_t* out) {
+  alignas(64) std::uint16_t index[32];
+  for (int i = 0; i < 32; ++i) index[i] = static_cast<std::uint16_t>(2 * i + 1);
+  const __m512i high_halves = _mm512_load_si512(index);
+  for (index_t r = 0; r < rows; ++r) {
+    for (index_t c0 = 0; c0 < len; c0 += 32) {
+      const float* s = src + r * row_step + c0;
+      const __m512i a = rounded_bf16_words(_mm512_maskz_loadu_ps(first_lanes(cols - c0), s));
+      const __m512i b = rounded_bf16_words(_mm512_maskz_loadu_ps(first_lanes(cols - c0 - 16), s + 16));
+      _mm512_storeu_si512(out + r * len + c0, _mm512_permutex2var_epi16(a, high_halves, b));
+    }
+  }
+}
+
+// Column-contiguous src (row_step 1): per 16 rows x 32 columns, 16 words of two columns' rounded halves (16 rows on
+// the lanes), then one 16 x 16 word transpose into the rows' 64 bytes.
+SEQATTN_AMX_PACK_TARGET inline void bf16_rows_across(const float* src, std::ptrdiff_t col_step, index_t rows,
+                                                     index_t cols, index_t len, index_t rows_pad, std::uint16_t* out) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  auto* words = reinterpret_cast<std::uint32_t*>(out);
+  const index_t row_words = len / 2;
+  for (index_t r0 = 0; r0 < rows_pad; r0 += 16) {
+    const __mmask16 m = first_lanes(rows - r0);
+    for (index_t c0 = 0; c0 < len; c0 += 32) {
+      __m512i w[16];
+      for (int i = 0; i < 16; ++i) {
+        const index_t c = c0 + 2 * i;
+        const __m512i lo =
+            c < cols ? rounded_bf16_words(_mm512_maskz_loadu_ps(m, src + c * col_step + r0)) : _mm512_setzero_si512();
+        const __m512i hi = c + 1 < cols ? rounded_bf16_words(_mm512_maskz_loadu_ps(m, src + (c + 1) * col_step + r0))
+                                        : _mm512_setzero_si512();
+        w[i] = _mm512_or_si512(_mm512_srli_epi32(lo, 16), _mm512_and_si512(hi, high));
+      }
+      x86::transpose16_words(w, words + r0 * row_words + c0 / 2, row_words, rows_pad - r0);
+    }
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#undef SEQATTN_AMX_PACK_TARGET
+
+}  // namespace detail
+
+#endif
 
 #if SEQATTN_HAS_AMX
 
@@ -228,5 +292,29 @@ inline void accumulate_pv(const std::uint16_t*, std::size_t, index_t, index_t, c
                           index_t, float*, std::size_t) {}
 
 #endif
+
+// out[r * len + c] = bf16(src[r * row_step + c * col_step]) for r < rows, c < cols; zero for c in [cols, len)
+// and for rows [rows, rows_pad): an A operand (rows of bf16, zero-padded to whole tiles) from fp32 P or dS,
+// read row- or column-wise. Finite values, rounded to nearest even. Where AMX runs (AVX-512 beside it) and len is
+// a multiple of 32, with unit row or column step, 16-lane vectors; else element by element.
+inline void bf16_rows(const float* src, std::ptrdiff_t row_step, std::ptrdiff_t col_step, index_t rows, index_t cols,
+                      index_t len, index_t rows_pad, std::uint16_t* out) {
+#if SEQATTN_HAS_AMX
+  if (len % 32 == 0 && (col_step == 1 || row_step == 1) && available()) {
+    if (col_step == 1) {
+      detail::bf16_rows_along(src, row_step, rows, cols, len, out);
+      std::fill(out + rows * len, out + rows_pad * len, std::uint16_t{0});
+    } else {
+      detail::bf16_rows_across(src, col_step, rows, cols, len, rows_pad, out);
+    }
+    return;
+  }
+#endif
+  for (index_t r = 0; r < rows; ++r) {
+    for (index_t c = 0; c < cols; ++c) out[r * len + c] = round_to_bf16(src[r * row_step + c * col_step]);
+    std::fill(out + r * len + cols, out + (r + 1) * len, std::uint16_t{0});
+  }
+  std::fill(out + rows * len, out + rows_pad * len, std::uint16_t{0});
+}
 
 }  // namespace seqattn::amx

@@ -76,6 +76,7 @@
 #include "seqattn/backends/tile_kernel.hpp"
 #include "seqattn/core/bfloat16.hpp"
 #include "seqattn/core/tensor.hpp"
+#include "seqattn/core/x86_transpose.hpp"
 
 // Two TUs built for the same Highway target, one with AVX512_BF16 in its
 // flags (-march=sapphirerapids, znver4) and one without, compile different
@@ -454,7 +455,7 @@ struct FlashKernel {
   // y * 2^k (k integral) in one VSCALEFPS, for Exp and ExpToBf16.
   template <class VT>
   static HWY_INLINE VT ScaleByPow2(VT y, VT k) {
-// GCC 12 passes _mm512_undefined_ps() as the merge source (see Transpose16).
+// GCC 12 passes _mm512_undefined_ps() as the merge source (see core/x86_transpose.hpp).
 #if HWY_COMPILER_GCC_ACTUAL
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -681,7 +682,7 @@ struct FlashKernel {
   // Lanes [n, n_p) of those dst rows are zero (n_p: the padded row count).
   // Q into Qt once per forward task, K and V into Kt and Vt once per kv-tile
   // of the backward's key pass, and dS into dS^T (queries on the lanes) once
-  // per visit. AVX3: 16 x 16 blocks through Transpose16 (16 masked loads, 64
+  // per visit. AVX3: 16 x 16 blocks through x86::transpose16_words (16 masked loads, 64
   // shuffles and up to 16 stores per block, against 256 scalar loads and
   // strided stores), which may also zero lanes [n_p, n_p rounded up to 16):
   // padding, which no kernel reads; other targets element by element.
@@ -699,56 +700,13 @@ struct FlashKernel {
           r[q] = r0 + q < n ? _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, rows[r0 + q] + d0), vscale))
                             : _mm512_setzero_si512();
         }
-        Transpose16(r, reinterpret_cast<std::uint32_t*>(dst) + d0 * kBlockQ + r0, kBlockQ, cols);
+        x86::transpose16_words(r, reinterpret_cast<std::uint32_t*>(dst) + d0 * kBlockQ + r0, kBlockQ, cols);
       }
     }
 #else
     transpose_rows_by_element<kBlockQ>(rows, n, n_p, width, scale, dst);
 #endif
   }
-
-#if HWY_TARGET <= HWY_AVX3
-// GCC 12's unmasked forms of these intrinsics pass _mm512_undefined_epi32()
-// as the merge source, which -Wmaybe-uninitialized reports once inlined into
-// the dispatch TU's target-attribute bodies; nothing reads those lanes.
-#if HWY_COMPILER_GCC_ACTUAL
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-  // Rows c < `store` of the transpose of the 16 x 16 matrix of 32-bit words
-  // r[row] (lane = column), to dst + c * stride: two rounds of unpacks (32-
-  // then 64-bit) leave block L of r[4g + k] holding word 4L + k of rows
-  // 4g .. 4g + 3, and two rounds of 128-bit block shuffles gather each
-  // column's four blocks.
-  static HWY_INLINE void Transpose16(__m512i (&r)[16], std::uint32_t* HWY_RESTRICT dst, index_t stride, index_t store) {
-    __m512i t[16];
-    for (int g = 0; g < 4; ++g) {
-      t[4 * g + 0] = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
-      t[4 * g + 1] = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
-      t[4 * g + 2] = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
-      t[4 * g + 3] = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
-    }
-    for (int g = 0; g < 4; ++g) {
-      r[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-      r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-      r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-      r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-    }
-    for (int k = 0; k < 4; ++k) {
-      const __m512i a = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x88), b = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xDD);
-      const __m512i c = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x88),
-                    e = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xDD);
-      const __m512i column[4] = {_mm512_shuffle_i32x4(a, c, 0x88), _mm512_shuffle_i32x4(b, e, 0x88),
-                                 _mm512_shuffle_i32x4(a, c, 0xDD), _mm512_shuffle_i32x4(b, e, 0xDD)};
-      for (int l = 0; l < 4; ++l) {
-        if (4 * l + k < store) _mm512_storeu_si512(dst + (4 * l + k) * stride, column[l]);
-      }
-    }
-  }
-#if HWY_COMPILER_GCC_ACTUAL
-#pragma GCC diagnostic pop
-#endif
-#endif
 
   // ---- O[r][e] = alpha[r] * O[r][e] + sum_j Pt[j][r] * V[j][e] --------------
   // kSelect: a zero weight Pt[j][r] leaves O[r] as it is instead of adding

@@ -197,7 +197,7 @@ struct Bf16DotKernel {
   // Qt2[i][r] = (Q[r][2i], Q[r][2i+1]) for the task's rows, zero for padded
   // rows and for the missing half of an odd dk. Once per task. AVX3 with
   // unit dim stride: per 16 rows x 16 pairs, 16 masked 16-bit loads (a row's
-  // 32 bf16 are its 16 pair words in order) and one Transpose16, which also
+  // 32 bf16 are its 16 pair words in order) and one x86::transpose16_words, which also
   // zeroes lanes [rows_p, rows_p rounded up to 16): padding no kernel reads.
   // The element loop it replaced took 5 % of bf16 prefill (Zen 5, 4k).
   static void pack_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
@@ -220,7 +220,7 @@ struct Bf16DotKernel {
           for (int q = 0; q < 16; ++q) {
             r[q] = src[q] != nullptr ? _mm512_maskz_loadu_epi16(m, src[q] + 2 * i0) : _mm512_setzero_si512();
           }
-          K::Transpose16(r, dst + i0 * kBq + r0, kBq, std::min<index_t>(16, pairs - i0));
+          x86::transpose16_words(r, dst + i0 * kBq + r0, kBq, std::min<index_t>(16, pairs - i0));
         }
       }
       return;
@@ -308,7 +308,7 @@ struct Bf16DotKernel {
   // whole vectors. The backward's dS^T operand of dQ += dS K: one pass instead
   // of a scalar transpose of the fp32 tile and pack_p on it. AVX3: per 16
   // rows x 32 columns, the pair words of each row from one two-source word
-  // permute, then FlashKernel::Transpose16.
+  // permute, then x86::transpose16_words.
   static void pack_transposed_pairs(const float* HWY_RESTRICT s, index_t rows_p, index_t cols,
                                     float* HWY_RESTRICT out) {
     auto* dst = reinterpret_cast<std::uint32_t*>(out);
@@ -345,7 +345,7 @@ struct Bf16DotKernel {
           const __m512i a1 = rounded(_mm512_maskz_loadu_ps(m1, row + 16));
           r[q] = _mm512_permutex2var_epi16(a0, halves, a1);
         }
-        K::Transpose16(r, dst + (c0 / 2) * kBq + r0, kBq, words);
+        x86::transpose16_words(r, dst + (c0 / 2) * kBq + r0, kBq, words);
       }
     }
 #if HWY_COMPILER_GCC_ACTUAL
@@ -848,11 +848,7 @@ struct Bf16DotKernel {
                             st.get(), kBq * sizeof(float));
       scale_rows(st.get(), kBkv, kDecodeRows, 1.0f);
       auto* pq = reinterpret_cast<std::uint16_t*>(kbuf.get());
-#if HWY_TARGET <= HWY_AVX3
-      bf16_rows_decode(st.get(), kBkv, kBkv, pq);
-#else
       amx::bf16_rows(st.get(), 1, kBq, kDecodeRows, kBkv, kBkv, rows16, pq);
-#endif
       pack_v([&](index_t j) { return v.data() + j * kd; }, 1, kBkv, kd, kd, vbuf.get());
       scale_o(o.get(), kDecodeRows, kd, alpha.get());
       amx::accumulate_pv(pq, kBkv * 2, rows16, kBkv, reinterpret_cast<const std::uint32_t*>(vbuf.get()),
@@ -1095,11 +1091,13 @@ struct Bf16DotKernel {
   // The same steps on Intel AMX: QK^T as K . Qt2 straight into St[key][row]
   // (K in place when the tile's 32-multiple of rows are evenly spaced, else a
   // zero-padded copy in kbuf), scaled after; P rounded to bf16 (nearest even)
-  // and transposed into Pq[row][key] (kbuf, free again after the scores), V
-  // packed into pairs (vbuf, pack_v), O scaled by alpha, then O += Pq . Vp.
+  // and transposed into Pq[row][key] (kbuf, free again after the scores;
+  // amx::bf16_rows, 16 x 16 word transposes), V packed into pairs (vbuf,
+  // pack_v), O scaled by alpha, then O += Pq . Vp.
   // NaN policy: a tile with a zero (or bf16-denormal, flushed by the unit)
   // weight and a non-finite V value runs FlashKernel::accumulate_pv on the
-  // fp32 P and a widened V instead, which skips zero weights.
+  // fp32 P and a widened V instead, which skips zero weights; only a tile
+  // whose softmax saw a tiny weight is scanned for them.
   // Conditions (choose_tiles): dk a multiple of 32 and >= 64, whole 16-row
   // blocks per K/V group.
   static constexpr index_t kAmxKeys = 32;
@@ -1161,33 +1159,6 @@ struct Bf16DotKernel {
     return buf;
   }
 
-#if HWY_TARGET <= HWY_AVX3
-  // Pq[r][key] for the 8 rows of a decode group (AMX's A operand of P.V):
-  // fp32 P from St[key][r] rounded to bf16 (nearest even), two keys a word,
-  // zero for keys in [cols, keys). amx::bf16_rows' scalar loop, one 8-lane
-  // vector per pair of keys instead: most of a decode tile's packing time.
-  static void bf16_rows_decode(const float* st, index_t cols, index_t keys, std::uint16_t* pq) {
-    const hn::Half<DU> du;
-    const auto bias = hn::Set(du, 0x7FFFu), one = hn::Set(du, 1u), hi = hn::Set(du, 0xFFFF0000u);
-    auto round = [&](hn::Vec<hn::Half<DU>> x) {
-      return hn::Add(x, hn::Add(bias, hn::And(hn::ShiftRight<16>(x), one)));
-    };
-    const auto* words = reinterpret_cast<const std::uint32_t*>(st);
-    const index_t row_words = keys / 2;
-    HWY_ALIGN std::uint32_t pair[8];
-    for (index_t jj = 0; jj < row_words; ++jj) {
-      auto x = hn::Zero(du);
-      if (2 * jj < cols) {
-        const auto x0 = round(hn::Load(du, words + 2 * jj * kBq));
-        const auto x1 = 2 * jj + 1 < cols ? round(hn::Load(du, words + (2 * jj + 1) * kBq)) : hn::Zero(du);
-        x = hn::Or(hn::ShiftRight<16>(x0), hn::And(x1, hi));
-      }
-      hn::Store(x, du, pair);
-      for (index_t r = 0; r < 8; ++r) store_u32(pq + 2 * (r * row_words + jj), pair[r]);
-    }
-  }
-#endif
-
   struct AmxTiles {
     // P is rounded to bf16 before P.V (but for the fp32 P.V of a tile with a
     // zero weight beside a non-finite V, below, where the 3e-6 of the
@@ -1212,27 +1183,21 @@ struct Bf16DotKernel {
                             kBq * sizeof(float), amx_rows(tile.rows_padded), p.dk, tile.scores, kBq * sizeof(float));
       scale_rows(tile.scores, tile.cols, tile.rows_padded, q_scale);
     }
-    // Scans P and V whatever the softmax saw: skipping the scans on its
-    // answer, as the pair tiles do, was not run here (no AMX CPU at hand).
+    // The scans run only where the softmax saw a tiny weight: a weight of at
+    // least the smallest normal float rounds to a nonzero, normal bf16, and
+    // the keys past the tile's (an odd tile's last pair, the padding to 32)
+    // meet zero V rows, which pack_v and the fill below write.
     void accumulate(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
                     index_t dvp, const ScoreTile& tile, const float* alpha, float* o, detail::TileScratch<K>& sc,
-                    const RowsAhead&, bool) const {
+                    const RowsAhead&, bool tiny_weight) const {
       const index_t keys = amx_keys(tile.cols), rows16 = amx_rows(tile.rows_padded);
       auto* pq = reinterpret_cast<std::uint16_t*>(sc.kbuf.get());
-#if HWY_TARGET <= HWY_AVX3
-      if (rows16 == 8 && tile.rows_padded == 8) {
-        bf16_rows_decode(tile.scores, tile.cols, keys, pq);  // Pq[row][key]
-      } else {
-        amx::bf16_rows(tile.scores, 1, kBq, tile.rows_padded, tile.cols, keys, rows16, pq);
-      }
-#else
       amx::bf16_rows(tile.scores, 1, kBq, tile.rows_padded, tile.cols, keys, rows16, pq);  // Pq[row][key]
-#endif
       const auto v_row = [&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); };
       pack_v(v_row, p.v_strides.dim, tile.cols, p.dv, dvp, sc.vbuf.get());
       const index_t pairs = (tile.cols + 1) / 2;
       std::fill(sc.vbuf.get() + pairs * dvp, sc.vbuf.get() + keys / 2 * dvp, 0.0f);
-      if (AnyHalfWithExponent(reinterpret_cast<const float*>(pq), tile.rows, pairs, keys / 2, 0u) &&
+      if (tiny_weight && AnyHalfWithExponent(reinterpret_cast<const float*>(pq), tile.rows, pairs, keys / 2, 0u) &&
           AnyHalfWithExponent(sc.vbuf.get(), pairs, dvp, dvp, 0x7F80u)) {
         const detail::RowsView v =
             detail::load_kv_tile<K>(p, seq, true, tile.kv_begin, kv_head, tile.cols, p.dv, dvp, false, sc.vbuf.get());

@@ -775,6 +775,7 @@ TEST_CASE("FlashKernel online_softmax matches ScalarKernel over several tiles on
   const index_t tile_cols[] = {64, 5, 64, 1, 63, 64};
   const float tile_shift[] = {-3.0f, 6.0f, 2.0f, 40.0f, -60.0f, 45.0f};
   const index_t n_tiles = 6;
+  std::int64_t held = 0;  // rows checked where the running max held
   for (const index_t rows : kRowCounts) {
     // Row kinds: only -inf in every tile; only -inf until tile 2; one tile
     // of only -inf after finite ones; random -inf elsewhere.
@@ -858,6 +859,11 @@ TEST_CASE("FlashKernel online_softmax matches ScalarKernel over several tiles on
             rm.expect_bits(m[r], wm[i], at("m", r));  // a max: exact
             rl.expect_near(l[r], wl[i], 1e-5 * wl[i] + 1e-37, at("l", r));
             ra.expect_near(alpha[r], wa[i], 1e-6 * wa[i] + 1e-37, at("alpha", r));
+            // Where the max held, exactly 1: the AMX tiles skip rescaling such rows of O.
+            if (t > 0 && std::isfinite(wm[i]) && wm[i] == want_m[static_cast<std::size_t>(t - 1)][i]) {
+              ra.expect_bits(alpha[r], 1.0f, at("alpha (the max held)", r));
+              ++held;
+            }
           } else if (r >= rows_p) {
             rm.expect_bits(m[r], kSentinel, at("m (past rows_p)", r));
             rl.expect_bits(l[r], kSentinel, at("l (past rows_p)", r));
@@ -871,6 +877,7 @@ TEST_CASE("FlashKernel online_softmax matches ScalarKernel over several tiles on
       }
     });
   }
+  CHECK(held > 0);
   require_every_target_ran(ran);
 }
 

@@ -194,38 +194,58 @@ struct Bf16DotKernel {
 
   // ---- Packing ---------------------------------------------------------------
 
+  // out[i * stride + j] = (R_j[2i], R_j[2i+1]) for i < ceil(d / 2), j < n
+  // (the high half zero past an odd d); zero for j in [n, n_pad). row(j):
+  // R_j's d bf16, contiguous. Q into Qt2 (pack_query) and, in the bf16
+  // backward's key passes, K and V as pairs along d. AVX3: per 16 rows x 16
+  // pairs, 16 masked 16-bit loads (a row's 32 bf16 are its 16 pair words in
+  // order) and one x86::transpose16_words, which also zeroes j in [n_pad,
+  // n_pad rounded up to 16): stride must leave room for them.
+  template <class Row>
+  static void pairs_along_d(const Row& row, index_t n, index_t n_pad, index_t d, std::uint32_t* out, index_t stride) {
+    const index_t pairs = (d + 1) / 2;
+#if HWY_TARGET <= HWY_AVX3
+    for (index_t j0 = 0; j0 < n_pad; j0 += 16) {
+      const std::uint16_t* src[16];
+      for (int q = 0; q < 16; ++q) src[q] = j0 + q < n ? bits_of(row(j0 + q)) : nullptr;
+      for (index_t i0 = 0; i0 < pairs; i0 += 16) {
+        const index_t elems = std::min<index_t>(32, d - 2 * i0);
+        const auto m = static_cast<__mmask32>(elems == 32 ? ~0u : (1u << elems) - 1u);
+        __m512i r[16];
+        for (int q = 0; q < 16; ++q) {
+          r[q] = src[q] != nullptr ? _mm512_maskz_loadu_epi16(m, src[q] + 2 * i0) : _mm512_setzero_si512();
+        }
+        x86::transpose16_words(r, out + i0 * stride + j0, stride, std::min<index_t>(16, pairs - i0));
+      }
+    }
+#else
+    for (index_t j = 0; j < n; ++j) {
+      const std::uint16_t* src = bits_of(row(j));
+      for (index_t i = 0; i < pairs; ++i) {
+        const std::uint32_t lo = src[2 * i];
+        const std::uint32_t hi = 2 * i + 1 < d ? src[2 * i + 1] : 0u;
+        out[i * stride + j] = lo | (hi << 16);
+      }
+    }
+    for (index_t i = 0; i < pairs; ++i) std::fill(out + i * stride + n, out + i * stride + n_pad, 0u);
+#endif
+  }
+
   // Qt2[i][r] = (Q[r][2i], Q[r][2i+1]) for the task's rows, zero for padded
-  // rows and for the missing half of an odd dk. Once per task. AVX3 with
-  // unit dim stride: per 16 rows x 16 pairs, 16 masked 16-bit loads (a row's
-  // 32 bf16 are its 16 pair words in order) and one x86::transpose16_words, which also
-  // zeroes lanes [rows_p, rows_p rounded up to 16): padding no kernel reads.
-  // The element loop it replaced took 5 % of bf16 prefill (Zen 5, 4k).
+  // rows and for the missing half of an odd dk. Once per task: pairs_along_d
+  // where Q's head dim is contiguous (on AVX3, its transposes replaced an
+  // element loop that took 5 % of bf16 prefill, Zen 5, 4k), else element by
+  // element.
   static void pack_query(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
                          const detail::TaskRows& t, const index_t* row_q, const index_t* row_head, float* qt2) {
     const index_t pairs = (p.dk + 1) / 2;
     const index_t ds = p.q_strides.dim;
-#if HWY_TARGET <= HWY_AVX3
     if (ds == 1) {
       static_assert(kBq % 16 == 0);
-      auto* dst = reinterpret_cast<std::uint32_t*>(qt2);
-      for (index_t r0 = 0; r0 < t.rows_p; r0 += 16) {
-        const std::uint16_t* src[16];
-        for (int q = 0; q < 16; ++q) {
-          src[q] = r0 + q < t.rows ? bits_of(p.q_row(seq, row_q[r0 + q], row_head[r0 + q])) : nullptr;
-        }
-        for (index_t i0 = 0; i0 < pairs; i0 += 16) {
-          const index_t elems = std::min<index_t>(32, p.dk - 2 * i0);
-          const auto m = static_cast<__mmask32>(elems == 32 ? ~0u : (1u << elems) - 1u);
-          __m512i r[16];
-          for (int q = 0; q < 16; ++q) {
-            r[q] = src[q] != nullptr ? _mm512_maskz_loadu_epi16(m, src[q] + 2 * i0) : _mm512_setzero_si512();
-          }
-          x86::transpose16_words(r, dst + i0 * kBq + r0, kBq, std::min<index_t>(16, pairs - i0));
-        }
-      }
+      pairs_along_d([&](index_t r) { return p.q_row(seq, row_q[r], row_head[r]); }, t.rows, t.rows_p, p.dk,
+                    reinterpret_cast<std::uint32_t*>(qt2), kBq);
       return;
     }
-#endif
     for (index_t r = 0; r < t.rows_p; ++r) {
       if (r >= t.rows) {
         for (index_t i = 0; i < pairs; ++i) store_u32(qt2 + i * kBq + r, 0u);

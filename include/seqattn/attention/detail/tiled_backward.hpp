@@ -552,31 +552,6 @@ inline std::uint16_t bits(const bfloat16* p) {
 }
 inline index_t up(index_t n, index_t m) { return (n + m - 1) / m * m; }
 
-// out[i * stride + j] = (R_j[2i], R_j[2i+1]) for i < d/2, j < n; zero for j in [n, n_pad).
-template <class Row>
-void pairs_along_d(const Row& row, index_t n, index_t n_pad, index_t d, std::uint32_t* out, index_t stride) {
-  for (index_t j = 0; j < n; ++j) {
-    const bfloat16* r = row(j);
-    for (index_t i = 0; i < d / 2; ++i) {
-      out[i * stride + j] = static_cast<std::uint32_t>(bits(r + 2 * i)) | (std::uint32_t{bits(r + 2 * i + 1)} << 16);
-    }
-  }
-  for (index_t i = 0; i < d / 2; ++i) std::fill(out + i * stride + n, out + i * stride + n_pad, 0u);
-}
-
-// out[jj * d + e] = (R_2jj[e], R_2jj+1[e]) for jj < n_pad / 2, rows past n zero.
-template <class Row>
-void pairs_along_rows(const Row& row, index_t n, index_t n_pad, index_t d, std::uint32_t* out) {
-  for (index_t jj = 0; 2 * jj < n_pad; ++jj) {
-    const bfloat16* r0 = 2 * jj < n ? row(2 * jj) : nullptr;
-    const bfloat16* r1 = 2 * jj + 1 < n ? row(2 * jj + 1) : nullptr;
-    for (index_t e = 0; e < d; ++e) {
-      const std::uint32_t lo = r0 ? bits(r0 + e) : 0u, hi = r1 ? bits(r1 + e) : 0u;
-      out[jj * d + e] = lo | (hi << 16);
-    }
-  }
-}
-
 // out[r * d + e] = R_r[e]; rows [n, n_pad) zero.
 template <class Row>
 void rows(const Row& row, index_t n, index_t n_pad, index_t d, std::uint16_t* out) {
@@ -594,15 +569,22 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
   static constexpr index_t kBq = Kernel::kBlockQ, kBkv = Kernel::kBlockKv;
   static constexpr std::size_t kF = sizeof(float), kH = sizeof(std::uint16_t);
 
+  using Pairs = typename Bf16DotTask<Kernel>::PairKernel;
   static std::uint32_t* pairs(const AlignedFloats& a) { return reinterpret_cast<std::uint32_t*>(a.get()); }
   static std::uint16_t* halves(const AlignedFloats& a) { return reinterpret_cast<std::uint16_t*>(a.get()); }
+  // out[jj][e] = (R_2jj[e], R_2jj+1[e]) for jj < n_pad / 2 (Pairs::pack_v), pair rows past the n rows' zero.
+  template <class Row>
+  static void pairs_along_rows(const Row& row, index_t n, index_t n_pad, index_t d, const AlignedFloats& out) {
+    Pairs::pack_v(row, 1, n, d, d, out.get());
+    std::fill(out.get() + (n + 1) / 2 * d, out.get() + n_pad / 2 * d, 0.0f);
+  }
 
   void load_tile(KeyTile<Kernel>& tile) const {
     const auto k_row = [&](index_t j) { return p.k_row(seq, tile.kv0 + j, task.kv_head); };
     const auto v_row = [&](index_t j) { return p.v_row(seq, tile.kv0 + j, task.kv_head); };
-    amx_pack::pairs_along_d(k_row, tile.cols, amx_pack::up(tile.cols, 16), p.dk, pairs(tile.amx->k_by_d), kBkv);
-    amx_pack::pairs_along_d(v_row, tile.cols, amx_pack::up(tile.cols, 16), p.dv, pairs(tile.amx->v_by_d), kBkv);
-    amx_pack::pairs_along_rows(k_row, tile.cols, amx_pack::up(tile.cols, 32), p.dk, pairs(tile.amx->k_by_key));
+    Pairs::pairs_along_d(k_row, tile.cols, amx_pack::up(tile.cols, 16), p.dk, pairs(tile.amx->k_by_d), kBkv);
+    Pairs::pairs_along_d(v_row, tile.cols, amx_pack::up(tile.cols, 16), p.dv, pairs(tile.amx->v_by_d), kBkv);
+    pairs_along_rows(k_row, tile.cols, amx_pack::up(tile.cols, 32), p.dk, tile.amx->k_by_key);
   }
 
   void load_q_tile() const {
@@ -611,8 +593,8 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
     const auto do_row = [&](index_t r) { return c.bp.dout.row(b, q0 + r, h); };
     amx_pack::rows(q_row, n, amx_pack::up(n, 16), p.dk, halves(ax.q_rows));
     amx_pack::rows(do_row, n, amx_pack::up(n, 16), p.dv, halves(ax.do_rows));
-    amx_pack::pairs_along_rows(do_row, n, amx_pack::up(n, 32), p.dv, pairs(ax.do_by_q));
-    amx_pack::pairs_along_rows(q_row, n, amx_pack::up(n, 32), p.dk, pairs(ax.q_by_q));
+    pairs_along_rows(do_row, n, amx_pack::up(n, 32), p.dv, ax.do_by_q);
+    pairs_along_rows(q_row, n, amx_pack::up(n, 32), p.dk, ax.q_by_q);
   }
 
   void visit(const QTileRef& ref, KeyTile<Kernel>& tile) const {
@@ -672,25 +654,6 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
 // accumulations skip a zero weight's non-finite value (the select blocks of
 // PairKernel::accumulate_pv), which a call whose inputs are all finite never
 // needs (accumulate_pv_unguarded: no scans); the same sums either way.
-namespace pair_pack {
-
-// out[i * stride + j] = (R_j[2i], R_j[2i+1]) for i < ceil(d / 2), j < n (the
-// high half zero past an odd d); zero for j in [n, n_pad).
-template <class Row>
-void pairs_along_d(const Row& row, index_t n, index_t n_pad, index_t d, std::uint32_t* out, index_t stride) {
-  const index_t pairs = (d + 1) / 2;
-  for (index_t j = 0; j < n; ++j) {
-    const bfloat16* r = row(j);
-    for (index_t i = 0; i < d / 2; ++i) {
-      out[i * stride + j] =
-          static_cast<std::uint32_t>(amx_pack::bits(r + 2 * i)) | (std::uint32_t{amx_pack::bits(r + 2 * i + 1)} << 16);
-    }
-    if (d & 1) out[(pairs - 1) * stride + j] = amx_pack::bits(r + d - 1);
-  }
-  for (index_t i = 0; i < pairs; ++i) std::fill(out + i * stride + n, out + i * stride + n_pad, 0u);
-}
-
-}  // namespace pair_pack
 
 template <bool kHw, class Kernel, class V>
 struct PairKeyPass : KeyPassBase<Kernel, bfloat16, V> {
@@ -705,8 +668,8 @@ struct PairKeyPass : KeyPassBase<Kernel, bfloat16, V> {
   void load_tile(KeyTile<Kernel>& tile) const {
     const auto k_row = [&](index_t j) { return p.k_row(seq, tile.kv0 + j, task.kv_head); };
     const auto v_row = [&](index_t j) { return p.v_row(seq, tile.kv0 + j, task.kv_head); };
-    pair_pack::pairs_along_d(k_row, tile.cols, tile.cols_p, p.dk, reinterpret_cast<std::uint32_t*>(tile.kt.get()), kBq);
-    pair_pack::pairs_along_d(v_row, tile.cols, tile.cols_p, p.dv, reinterpret_cast<std::uint32_t*>(tile.vt.get()), kBq);
+    Pairs::pairs_along_d(k_row, tile.cols, tile.cols_p, p.dk, reinterpret_cast<std::uint32_t*>(tile.kt.get()), kBq);
+    Pairs::pairs_along_d(v_row, tile.cols, tile.cols_p, p.dv, reinterpret_cast<std::uint32_t*>(tile.vt.get()), kBq);
     Pairs::pack_v(k_row, 1, tile.cols, p.dk, w.dkp, tile.k_rows.get());  // K pairs along keys
   }
 
@@ -849,7 +812,8 @@ void key_task(const BackwardCall<T, V>& c, const KeyTask& task, BackwardScratch<
   if constexpr (std::is_same_v<T, bfloat16>) {
     switch (c.arithmetic) {
       case Bf16Tiles::amx:
-        return sweep(AmxKeyPass<Kernel, V>(c, task, sc));
+        if constexpr (Bf16DotTask<Kernel>::kPairs) return sweep(AmxKeyPass<Kernel, V>(c, task, sc));
+        break;
       case Bf16Tiles::pairs:
         if constexpr (Bf16DotTask<Kernel>::kHardwarePairs) return sweep(PairKeyPass<true, Kernel, V>(c, task, sc));
         break;

@@ -862,10 +862,11 @@ struct Bf16DotKernel {
     }
 #endif
     void amx_decode() {
+      amx::TileScope scope;  // as a task holds its tiles
       const index_t kd = opaque(kD), rows16 = amx_rows(kDecodeRows);
       amx::key_query_scores(krows[0], static_cast<std::size_t>(kd) * 2, kBkv,
                             reinterpret_cast<const std::uint32_t*>(qt2.get()), kBq * sizeof(float), rows16, kd,
-                            st.get(), kBq * sizeof(float));
+                            st.get(), kBq * sizeof(float), &scope);
       scale_rows(st.get(), kBkv, kDecodeRows, 1.0f);
       auto* pq = reinterpret_cast<std::uint16_t*>(kbuf.get());
       amx::bf16_rows(st.get(), 1, kBq, kDecodeRows, kBkv, kBkv, rows16, pq);
@@ -873,13 +874,14 @@ struct Bf16DotKernel {
       scale_o(o.get(), kDecodeRows, kd, alpha.get());
       amx::accumulate_pv(pq, kBkv * 2, rows16, kBkv, reinterpret_cast<const std::uint32_t*>(vbuf.get()),
                          static_cast<std::size_t>(kd) * sizeof(float), kd, o.get(),
-                         static_cast<std::size_t>(kd) * sizeof(float));
+                         static_cast<std::size_t>(kd) * sizeof(float), &scope);
     }
     void amx() {
+      amx::TileScope scope;  // as a task holds its tiles
       const index_t kd = opaque(kD);
       amx::key_query_scores(krows[0], static_cast<std::size_t>(kd) * 2, kBkv,
                             reinterpret_cast<const std::uint32_t*>(qt2.get()), kBq * sizeof(float), kBq, kd, st.get(),
-                            kBq * sizeof(float));
+                            kBq * sizeof(float), &scope);
       scale_rows(st.get(), kBkv, kBq, 1.0f);
       auto* pq = reinterpret_cast<std::uint16_t*>(kbuf.get());
       amx::bf16_rows(st.get(), 1, kBq, kBq, kBkv, kBkv, kBq, pq);
@@ -887,7 +889,7 @@ struct Bf16DotKernel {
       scale_o(o.get(), kBq, kd, alpha.get());
       amx::accumulate_pv(pq, kBkv * 2, kBq, kBkv, reinterpret_cast<const std::uint32_t*>(vbuf.get()),
                          static_cast<std::size_t>(kd) * sizeof(float), kd, o.get(),
-                         static_cast<std::size_t>(kd) * sizeof(float));
+                         static_cast<std::size_t>(kd) * sizeof(float), &scope);
     }
   };
 
@@ -1185,6 +1187,9 @@ struct Bf16DotKernel {
   }
 
   struct AmxTiles {
+    // The task's tiles: loaded at its first product, released when the task
+    // (the engine's run_task_steps, which holds this object) ends.
+    mutable amx::TileScope scope;
     // P is rounded to bf16 before P.V (but for the fp32 P.V of a tile with a
     // zero weight beside a non-finite V, below, where the 3e-6 of the
     // exponentials stays under bf16's own error): no more precision needed.
@@ -1205,7 +1210,8 @@ struct Bf16DotKernel {
           amx_key_rows([&](index_t j) { return p.k_row(seq, tile.kv_begin + j, kv_head); }, tile.cols, keys, p.dk,
                        reinterpret_cast<std::uint16_t*>(sc.kbuf.get()), stride);
       amx::key_query_scores(k, stride, keys, reinterpret_cast<const std::uint32_t*>(sc.qt.get() + r0),
-                            kBq * sizeof(float), amx_rows(tile.rows_padded), p.dk, tile.scores, kBq * sizeof(float));
+                            kBq * sizeof(float), amx_rows(tile.rows_padded), p.dk, tile.scores, kBq * sizeof(float),
+                            &scope);
       scale_rows(tile.scores, tile.cols, tile.rows_padded, q_scale);
     }
     // The scans run only where the softmax saw a tiny weight: a weight of at
@@ -1232,7 +1238,7 @@ struct Bf16DotKernel {
       scale_o(o, tile.rows_padded, dvp, alpha);
       amx::accumulate_pv(pq, static_cast<std::size_t>(keys) * 2, rows16, keys,
                          reinterpret_cast<const std::uint32_t*>(sc.vbuf.get()), dvp * sizeof(float), dvp, o,
-                         dvp * sizeof(float));
+                         dvp * sizeof(float), &scope);
     }
   };
 };

@@ -570,6 +570,9 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
   static constexpr std::size_t kF = sizeof(float), kH = sizeof(std::uint16_t);
 
   using Pairs = typename Bf16DotTask<Kernel>::PairKernel;
+  // The key task's tiles, loaded at its first product and released when the
+  // pass (key_task's sweep) ends.
+  mutable amx::TileScope scope;
   static std::uint32_t* pairs(const AlignedFloats& a) { return reinterpret_cast<std::uint32_t*>(a.get()); }
   static std::uint16_t* halves(const AlignedFloats& a) { return reinterpret_cast<std::uint16_t*>(a.get()); }
   // out[jj][e] = (R_2jj[e], R_2jj+1[e]) for jj < n_pad / 2 (Pairs::pack_v), pair rows past the n rows' zero.
@@ -605,21 +608,21 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
     const index_t n16 = up(n, 16), n32 = up(n, 32);
     const ScoreTile t = this->score_tile(tile);
     amx::matmul(halves(ax.q_rows), dk * kH, n16, pairs(kv.k_by_d), kBkv * kF, cols16, dk / 32, t.scores, kBq * kF,
-                false);  // S[q][key]
+                false, &scope);  // S[q][key]
     for (index_t r = 0; r < n; ++r) {
       for (index_t j = 0; j < tile.cols_p; ++j) t.scores[r * kBq + j] *= c.scale;
     }
     transform_and_mask(c, t, ref, q0, sc);
     amx::matmul(halves(ax.do_rows), dv * kH, n16, pairs(kv.v_by_d), kBkv * kF, cols16, dv / 32, sc.dp.get(), kBq * kF,
-                false);  // dP
+                false, &scope);  // dP
     Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, tile.cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
     amx::bf16_rows(t.scores, 1, kBq, cols, n, n32, cols16, halves(ax.p_t));  // P^T [key][query]
     amx::bf16_rows(sc.dp.get(), 1, kBq, cols, n, n32, cols16, halves(ax.ds_t));
     amx::matmul(halves(ax.p_t), n32 * kH, cols16, pairs(ax.do_by_q), dv * kF, dv, n32 / 32, tile.acc_v.get(), dv * kF,
-                true);
+                true, &scope);
     amx::matmul(halves(ax.ds_t), n32 * kH, cols16, pairs(ax.q_by_q), dk * kF, dk, n32 / 32, tile.acc_k.get(), dk * kF,
-                true);
+                true, &scope);
     amx::bf16_rows(sc.dp.get(), kBq, 1, n, cols, cols32, n16, halves(ax.ds));  // dS [query][key]
     float* dq = this->dq();
     // Whole 16-row blocks only: rows past n belong to other tasks' tiles.
@@ -628,7 +631,8 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
       std::copy_n(dq, n * dk, target);
       std::fill(target + n * dk, target + n16 * dk, 0.0f);
     }
-    amx::matmul(halves(ax.ds), cols32 * kH, n16, pairs(kv.k_by_key), dk * kF, dk, cols32 / 32, target, dk * kF, true);
+    amx::matmul(halves(ax.ds), cols32 * kH, n16, pairs(kv.k_by_key), dk * kF, dk, cols32 / 32, target, dk * kF, true,
+                &scope);
     if (target != dq) std::copy_n(target, n * dk, dq);
   }
 };

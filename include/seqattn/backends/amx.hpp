@@ -209,17 +209,19 @@ inline TileConfig narrow_config(index_t a_rows, index_t b_cols) {
 }
 
 SEQATTN_AMX_TARGET inline void load_config(const TileConfig& c) { _tile_loadconfig(&c); }
+SEQATTN_AMX_TARGET inline void store_config(TileConfig& c) { _tile_storeconfig(&c); }
 SEQATTN_AMX_TARGET inline void release_tiles() { _tile_release(); }
 
 }  // namespace detail
 
 // The tiles of a run of matmuls on one thread (a task's tiles): a matmul
-// given the scope loads its configuration only where it differs from the one
-// loaded, and the scope releases the tiles when it ends. Without one, each
-// matmul loads and releases, so other code on the thread (oneDNN, PyTorch)
-// may use AMX between our calls. Measured on the 2-vCPU Emerald Rapids VM:
-// LDTILECFG 80-110 ns and TILERELEASE 140 ns, against 2.2-2.3 us for each
-// of a 128 x 64 tile's two products.
+// given the scope loads its configuration only where the one the thread holds
+// differs (read back with STTILECFG, so user code between our products, a
+// ScoreMod or a mask predicate that runs oneDNN say, may load or release
+// tiles of its own), and the scope releases the tiles when it ends. Without
+// one, each matmul loads and releases. Measured on the 2-vCPU Emerald Rapids
+// VM: LDTILECFG 80-110 ns, TILERELEASE 140 ns, STTILECFG 7 ns, against
+// 2.2-2.3 us for each of a 128 x 64 tile's two products.
 class TileScope {
  public:
   TileScope() = default;
@@ -229,14 +231,13 @@ class TileScope {
     if (loaded_) detail::release_tiles();
   }
   void use(const detail::TileConfig& c) {
-    if (loaded_ && std::memcmp(&config_, &c, sizeof(c)) == 0) return;
-    detail::load_config(c);
-    config_ = c;
+    detail::TileConfig held;
+    detail::store_config(held);
+    if (std::memcmp(&held, &c, sizeof(c)) != 0) detail::load_config(c);
     loaded_ = true;
   }
 
  private:
-  detail::TileConfig config_{};
   bool loaded_ = false;
 };
 
@@ -291,6 +292,24 @@ inline void matmul(const void* a, std::size_t a_stride, index_t a_rows, const vo
   detail::matmul(a, a_stride, a_rows, b, b_stride, b_cols, steps, c, c_stride, accumulate, scope);
 }
 
+namespace detail {
+// AVX-512F and BW (CPUID leaf 7 EBX bits 16 and 30) with the OS saving their
+// state (XCR0 bits 1, 2, 5-7), for the packers: a virtual CPU may show AMX
+// and hide AVX-512.
+inline bool avx512_usable() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (((b >> 16) & 1u) == 0 || ((b >> 30) & 1u) == 0) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || ((c >> 27) & 1u) == 0) return false;  // OSXSAVE
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xE6u) == 0xE6u;
+  }();
+  return ok;
+}
+}  // namespace detail
+
 // CPUID (leaf 7: AMX-TILE EDX bit 24, AMX-BF16 EDX bit 22) and the kernel's
 // permission for this process, asked once.
 inline bool available() {
@@ -323,7 +342,12 @@ inline void accumulate_pv(const std::uint16_t* pq, std::size_t pq_stride, index_
 
 #else
 
-class TileScope {};
+class TileScope {
+ public:
+  TileScope() = default;
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
 inline bool available() { return false; }
 inline void matmul(const void*, std::size_t, index_t, const void*, std::size_t, index_t, index_t, void*, std::size_t,
                    bool, TileScope* = nullptr) {}
@@ -336,12 +360,12 @@ inline void accumulate_pv(const std::uint16_t*, std::size_t, index_t, index_t, c
 
 // out[r * len + c] = bf16(src[r * row_step + c * col_step]) for r < rows, c < cols; zero for c in [cols, len)
 // and for rows [rows, rows_pad): an A operand (rows of bf16, zero-padded to whole tiles) from fp32 P or dS,
-// read row- or column-wise. Finite values, rounded to nearest even. Where AMX runs (AVX-512 beside it) and len is
-// a multiple of 32, with unit row or column step, 16-lane vectors; else element by element.
+// read row- or column-wise. Finite values, rounded to nearest even. Where AMX and AVX-512 run and len is a multiple
+// of 32, with unit row or column step, 16-lane vectors; else element by element.
 inline void bf16_rows(const float* src, std::ptrdiff_t row_step, std::ptrdiff_t col_step, index_t rows, index_t cols,
                       index_t len, index_t rows_pad, std::uint16_t* out) {
 #if SEQATTN_HAS_AMX
-  if (len % 32 == 0 && (col_step == 1 || row_step == 1) && available()) {
+  if (len % 32 == 0 && (col_step == 1 || row_step == 1) && available() && detail::avx512_usable()) {
     if (col_step == 1) {
       detail::bf16_rows_along(src, row_step, rows, cols, len, out);
       std::fill(out + rows * len, out + rows_pad * len, std::uint16_t{0});

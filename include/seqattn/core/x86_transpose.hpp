@@ -9,8 +9,7 @@
 
 #include "seqattn/core/tensor.hpp"
 
-#if defined(__x86_64__) && \
-    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SEQATTN_HAS_X86_TRANSPOSE 1
 #include <immintrin.h>
 #else

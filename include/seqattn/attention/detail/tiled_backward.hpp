@@ -955,7 +955,7 @@ BackwardArithmetic backward_arithmetic(const BackwardProblem<T>& bp, const Tiled
   } else {
     const AttentionProblem<T>& p = bp.fwd;
     const Bf16Tiles chosen = Bf16DotTask<Kernel>::backward_tiles();
-    const bool runnable = (chosen == Bf16Tiles::amx) ||
+    const bool runnable = (chosen == Bf16Tiles::amx && Bf16DotTask<Kernel>::kPairs) ||
                           (chosen == Bf16Tiles::pairs && Bf16DotTask<Kernel>::kHardwarePairs) ||
                           (chosen == Bf16Tiles::emulated_pairs && Bf16DotTask<Kernel>::kPairs);
     if (!runnable) return {};

@@ -304,7 +304,8 @@ inline bool avx512_usable() {
     if (!__get_cpuid(1, &a, &b, &c, &d) || ((c >> 27) & 1u) == 0) return false;  // OSXSAVE
     unsigned lo = 0, hi = 0;
     __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 0xE6u) == 0xE6u;
+    const std::uint64_t xcr0 = (std::uint64_t{hi} << 32) | lo;
+    return (xcr0 & 0xE6u) == 0xE6u;
   }();
   return ok;
 }

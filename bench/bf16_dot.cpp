@@ -196,7 +196,7 @@ __attribute__((target("amx-tile,amx-bf16"))) double amx_rate_gflops(long steps) 
   alignas(64) static std::uint16_t operand[4 * 16 * 32];
   alignas(64) static float c[16 * 16];
   std::fill(std::begin(operand), std::end(operand), std::uint16_t{0x3C00});  // 2^-7: sums stay small
-  _tile_loadconfig(&config);
+  amx::detail::load_config(config);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);

@@ -243,8 +243,7 @@ __attribute__((target("amx-tile"))) void use_amx_elsewhere(int n) {
   if (n % 2 == 0) {
     _tile_release();
   } else {
-    const amx::detail::TileConfig narrow = amx::detail::narrow_config(4, 4);
-    _tile_loadconfig(&narrow);
+    amx::detail::load_config(amx::detail::narrow_config(4, 4));
   }
 }
 #endif

@@ -208,8 +208,13 @@ inline TileConfig narrow_config(index_t a_rows, index_t b_cols) {
   return t;
 }
 
-SEQATTN_AMX_TARGET inline void load_config(const TileConfig& c) { _tile_loadconfig(&c); }
-SEQATTN_AMX_TARGET inline void store_config(TileConfig& c) { _tile_storeconfig(&c); }
+// LDTILECFG / STTILECFG with the whole 64-byte configuration as the memory
+// operand: GCC 12's _tile_loadconfig and _tile_storeconfig name only its
+// first 8 bytes, so stores to a local configuration could be dropped before
+// the load (a release build loaded a half-written one and faulted) and bytes
+// read after a store could be taken from before it.
+SEQATTN_AMX_TARGET inline void load_config(const TileConfig& c) { __asm__ volatile("ldtilecfg %0" : : "m"(c)); }
+SEQATTN_AMX_TARGET inline void store_config(TileConfig& c) { __asm__ volatile("sttilecfg %0" : "=m"(c)); }
 SEQATTN_AMX_TARGET inline void release_tiles() { _tile_release(); }
 
 }  // namespace detail
@@ -252,7 +257,7 @@ SEQATTN_AMX_TARGET inline void matmul(const void* a, std::size_t a_stride, index
   if (scope != nullptr) {
     scope->use(tiles);
   } else {
-    _tile_loadconfig(&tiles);
+    load_config(tiles);
   }
   const char* ap = static_cast<const char*>(a);
   const char* bp = static_cast<const char*>(b);

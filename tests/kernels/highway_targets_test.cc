@@ -408,7 +408,7 @@ namespace {
 // An AheadStream request that records the line instead of prefetching it.
 struct RecordLines {
   std::vector<const char*>* lines;
-  void operator()(const char* p) const { lines->push_back(p); }
+  void operator()(const char* p, bool /*into_l2*/) const { lines->push_back(p); }
 };
 }  // namespace
 

@@ -41,7 +41,7 @@
 namespace seqattn {
 
 // Rows of K or V that a tile kernel requests from memory while it computes
-// on a tile of its own (decode: tiled_forward.hpp, decode_rows_ahead). Decode
+// on a tile of its own (tiled_forward.hpp, kv_rows_ahead). Decode
 // reads every K and V row once at a few FLOP per byte; its loads overlap its
 // arithmetic only when the next rows are requested while this tile computes,
 // at an even rate: requests in bursts fill the core's miss buffers, and
@@ -52,6 +52,7 @@ struct RowsAhead {
   index_t n = 0;
   index_t bytes = 0;                // read from each row
   const RowsAhead* also = nullptr;  // another list, requested after this one
+  bool into_l2 = false;             // into L2 only (prefill: L1 holds the tile being computed)
 
   static constexpr index_t kLine = 64;
 
@@ -83,7 +84,7 @@ class RowsAheadPart {
       const index_t lo = std::max(first, at), hi = std::min(last, at + list->n);
       if (lo < hi) {
         assert(used < 2);
-        lists_[used] = {list->rows + (lo - at), hi - lo, list->bytes, nullptr};
+        lists_[used] = {list->rows + (lo - at), hi - lo, list->bytes, nullptr, list->into_l2};
         if (used > 0) lists_[used - 1].also = &lists_[used];
         ++used;
       }
@@ -103,13 +104,22 @@ class RowsAheadPart {
 // prefetch instruction was left in the binary), which an asm statement with
 // a memory operand is not.
 struct PrefetchLine {
-  SEQATTN_ALWAYS_INLINE void operator()(const char* p) const {
+  SEQATTN_ALWAYS_INLINE void operator()(const char* p, bool into_l2) const {
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-    asm volatile("prefetcht0 %0" : : "m"(*p));
+    if (into_l2) {
+      asm volatile("prefetcht1 %0" : : "m"(*p));
+    } else {
+      asm volatile("prefetcht0 %0" : : "m"(*p));
+    }
 #elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
-    asm volatile("prfm pldl1keep, %0" : : "Q"(*p));
+    if (into_l2) {
+      asm volatile("prfm pldl2keep, %0" : : "Q"(*p));
+    } else {
+      asm volatile("prfm pldl1keep, %0" : : "Q"(*p));
+    }
 #else
     static_cast<void>(p);
+    static_cast<void>(into_l2);
 #endif
   }
 };
@@ -152,7 +162,8 @@ class BasicAheadStream {
     while (n > 0 && list_ != nullptr) {
       const char* row = static_cast<const char*>(list_->rows[row_]);
       const index_t bytes = list_->bytes;
-      for (; n > 0 && byte_ < bytes; --n, byte_ += RowsAhead::kLine) request_(row + byte_);
+      const bool into_l2 = list_->into_l2;
+      for (; n > 0 && byte_ < bytes; --n, byte_ += RowsAhead::kLine) request_(row + byte_, into_l2);
       if (byte_ >= bytes) {
         byte_ = 0;
         if (++row_ == list_->n) {

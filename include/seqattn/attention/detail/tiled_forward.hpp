@@ -9,7 +9,7 @@
 //    band's rows against the keys they allow, TiledWork::spans)
 //   load_kv_tile         K or V rows of one tile, used in place or staged as fp32
 //                        (stage_rows; through the page table of a paged cache;
-//                        decode requests the next rows as it goes: decode_rows_ahead)
+//                        the next rows are requested as it goes: kv_rows_ahead)
 //   Kernel::scores       St = K Qt (transposed scores)
 //   transform_scores     the score variant's hook (softcap, ALiBi, score_mod ...)
 //   mask_tile            -inf where a partial tile's mask says no
@@ -202,7 +202,7 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
 //     Lake, KVM guest), 1 query, 32k keys, d = 128, 2 threads: GQA 32/4
 //     20.6 -> 15.0 ms, 8/1 4.5 -> 3.8 ms; the staging copy was the larger part
 //     of an 8-row tile's time.
-//   - Rows ahead (decode_rows_ahead, RowsAhead and AheadStream in
+//   - Rows ahead (kv_rows_ahead, RowsAhead and AheadStream in
 //     backends/tile_kernel.hpp): a decode kernel's loads and its arithmetic
 //     overlap only if the rows after the ones it computes on are requested
 //     while it computes, at an even rate. Each K/V group's scores request the
@@ -225,18 +225,30 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
 //     Before that, on 2026-11-26, the requests themselves (which GCC 12 had
 //     deleted from an earlier prefetch loop: see PrefetchLine) took bf16
 //     from 5.9-6.3 to 3.3-3.5 ms.
+// Prefill (many rows) requests the same rows, into L2: a packed band of K/V
+// (4 MiB at 4k keys, d = 128, fp32) is larger than L2, so every tile's K and
+// V came from the last-level cache on demand, and the in-cache tile kernels
+// (bench/bf16_dot.cpp BM_TileQK, BM_TilePV: 0.85-0.95 of the FMA rate) ran
+// at about 0.7 of it inside the forward. Into L1 instead, the next tile's 32
+// KiB of K or V evict the running tile's Qt and K. Measured on the 2-vCPU
+// Intel Xeon VM with AMX of the README (model 207, 2026-11-28, a neighbour on
+// the cores: minimum and median of four alternations, bench/attention.cpp,
+// causal, d = 128, 8 heads, fp32): 4k on 1 thread 357 / 360 ms without
+// requests, 295 / 390 into L1, 268 / 296 into L2; 2 threads 162 / 165, 151 /
+// 168, 153 / 161 ms; 16 documents in 8k 69 / 81, 72 / 77, 66 / 71 ms.
 #ifndef SEQATTN_DECODE_IN_PLACE
 #define SEQATTN_DECODE_IN_PLACE 1
 #endif
 
 // The rows [kv0, kv0 + n) of K (value = false) or V of one K/V head, as a
-// RowsAhead over `ptrs` (n <= kBlockKv pointers), `width` elements each.
+// RowsAhead over `ptrs` (n <= kBlockKv pointers), `width` elements each,
+// requested into L2 or (decode) L1.
 template <class T>
-RowsAhead decode_rows_ahead(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, index_t kv0,
-                            index_t n, index_t kv_head, index_t width, const void** ptrs) {
+RowsAhead kv_rows_ahead(const AttentionProblem<T>& p, const SequenceGeometry& seq, bool value, index_t kv0, index_t n,
+                        index_t kv_head, index_t width, bool into_l2, const void** ptrs) {
   const TensorStrides& s = value ? p.v_strides : p.k_strides;
   p.for_kv_rows(seq, value, kv0, n, kv_head, [ptrs](index_t j, const T* row) { ptrs[j] = row; });
-  return {ptrs, n, ((width - 1) * s.dim + 1) * static_cast<index_t>(sizeof(T))};
+  return {ptrs, n, ((width - 1) * s.dim + 1) * static_cast<index_t>(sizeof(T)), nullptr, into_l2};
 }
 
 // Sets the elements of tile `tile_id` (a TileRef's) that the mask disallows
@@ -456,8 +468,8 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
     const TileRef ref = c.w.tiles[u.tiles_begin + static_cast<std::size_t>(i)];
     const index_t kv0 = static_cast<index_t>(ref.kv_block) * kBkv;
     const index_t cols = std::min(kBkv, seq.kv_len - kv0);
-    // Decode: the task's next tile, whose first group's K rows the last group requests.
-    const bool next_tile = !many_rows && i + 1 < n * (split + 1) / c.w.splits;
+    // The task's next tile, whose first group's K rows the last group requests.
+    const bool next_tile = i + 1 < n * (split + 1) / c.w.splits;
     const index_t next_kv0 =
         next_tile ? static_cast<index_t>(c.w.tiles[u.tiles_begin + static_cast<std::size_t>(i + 1)].kv_block) * kBkv
                   : 0;
@@ -470,21 +482,22 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
                            static_cast<std::int32_t>(cols)};
       std::span<const TileSpan> bands(&whole, 1);
       if (bits != nullptr) bands = c.planned.row_bands(ref.tile_id);  // made beside the bits
-      // Decode: each group's scores request the next group's K rows (this
-      // tile's next group, else the task's next tile's first), and its P.V
-      // the next group's V rows; the task's first group requests its own V
-      // rows first, during its scores. The first row band that runs makes
-      // the requests (a decode task's kBlockQ / 4 rows at most may make two).
+      // Each group's scores request the next group's K rows (this tile's
+      // next group, else the task's next tile's first), and its P.V the next
+      // group's V rows; the task's first group requests its own V rows
+      // first, during its scores. The first row band that runs makes the
+      // requests (a decode task's kBlockQ / 4 rows at most may make two).
+      // Prefill requests into L2 (the notes above kv_rows_ahead).
       const void* v_rows[kBkv];
       const void* k_rows[kBkv];
       const void* own_rows[kBkv];
       RowsAhead own_v, next_k, next_v;
-      if (!many_rows && (g + 1 < u.kv_groups || next_tile)) {
+      if ((g + 1 < u.kv_groups || next_tile)) {
         const bool same_tile = g + 1 < u.kv_groups;
         const index_t head = same_tile ? kv_head + 1 : u.kv_head, at = same_tile ? kv0 : next_kv0;
         const index_t n_rows = std::min(kBkv, seq.kv_len - at);
-        next_k = decode_rows_ahead(p, seq, false, at, n_rows, head, p.dk, k_rows);
-        next_v = decode_rows_ahead(p, seq, true, at, n_rows, head, p.dv, v_rows);
+        next_k = kv_rows_ahead(p, seq, false, at, n_rows, head, p.dk, many_rows, k_rows);
+        next_v = kv_rows_ahead(p, seq, true, at, n_rows, head, p.dv, many_rows, v_rows);
       }
       bool requested = false;
       for (const TileSpan& band : bands) {
@@ -497,8 +510,8 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
                              sc.row_head.data() + r0, u.sequence, key0, seq.q_len, seq.kv_len};
         const bool first_band = !requested;
         requested = true;
-        if (!many_rows && i == first_tile && g == 0 && first_band) {
-          own_v = decode_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, own_rows);
+        if (i == first_tile && g == 0 && first_band) {
+          own_v = kv_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, many_rows, own_rows);
           own_v.also = &next_k;
         }
         const std::uint8_t* band_bits = bits == nullptr ? nullptr : bits + band.col_begin * (kBq / 8) + r0 / 8;

@@ -282,8 +282,8 @@ TEST_CASE("the backward's key sweep visits every ref once, in each tile's order"
     std::vector<int> visited, stored;
     index_t h = -1;
     std::int32_t q_block = -1;
-    bool q_loaded = false;
-    std::size_t q_loads = 0, visits = 0;
+    bool q_loaded = false, q_open = false;
+    std::size_t q_loads = 0, visits = 0, q_ends = 0, q_visits = 0, sweep = 1;
 
     void start_tile(const detail::KeyBlock& block, KeyTile<Kernel>& t) {
       REQUIRE(block_of.count(&t) == 0);  // stored by its previous sweep
@@ -295,9 +295,12 @@ TEST_CASE("the backward's key sweep visits every ref once, in each tile's order"
       REQUIRE(block_of.at(&t)->refs_begin != block_of.at(&t)->refs_end);  // only a tile some q-tile sees
     }
     void start_q_tile(index_t head, std::int32_t block) {
+      REQUIRE(!q_open);  // the last q-tile ended
       h = head;
       q_block = block;
       q_loaded = false;
+      q_open = true;
+      q_visits = 0;
     }
     void load_q_tile() {
       q_loaded = true;
@@ -312,6 +315,16 @@ TEST_CASE("the backward's key sweep visits every ref once, in each tile's order"
       REQUIRE(i == next_ref[&t]++);
       ++visited[i];
       ++visits;
+      ++q_visits;
+    }
+    // A pass may defer a product of the q-tile's visits to here (AmxKeyPass
+    // sums its dQ products in at most one slot per tile of the sweep).
+    void end_q_tile() {
+      REQUIRE(q_open);
+      REQUIRE(q_visits >= 1);
+      REQUIRE(q_visits <= sweep);
+      q_open = false;
+      ++q_ends;
     }
     void store(const KeyTile<Kernel>& t) {
       REQUIRE(block_of.count(&t) == 1);
@@ -337,11 +350,14 @@ TEST_CASE("the backward's key sweep visits every ref once, in each tile's order"
       std::vector<KeyTile<Kernel>> tiles;
       for (std::size_t i = 0; i < sweep; ++i) tiles.emplace_back(16, 16, 16, 16, detail::Bf16Tiles::widen);
       Recorder rec{w, {}, {}, std::vector<int>(w.q_refs.size()), std::vector<int>(w.key_blocks.size())};
+      rec.sweep = sweep;
       for (const detail::KeyTask& task : w.key_tasks) {
         detail::sweep_key_task(rec, w, task, std::span<KeyTile<Kernel>>(tiles));
         CHECK(rec.block_of.empty());
       }
       CHECK(rec.visits == w.q_refs.size());
+      CHECK(rec.q_ends == rec.q_loads);
+      CHECK(!rec.q_open);
       CHECK(std::all_of(rec.visited.begin(), rec.visited.end(), [](int n) { return n == 1; }));
       CHECK(std::all_of(rec.stored.begin(), rec.stored.end(), [](int n) { return n == 1; }));
       if (sweep == 1) CHECK(rec.q_loads == rec.visits);

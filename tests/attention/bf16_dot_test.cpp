@@ -28,6 +28,7 @@
 #include <random>
 #include <vector>
 
+#include "seqattn/backends/amx.hpp"
 #include "seqattn/backends/highway.hpp"
 #include "seqattn/masks.hpp"
 #if defined(SEQATTN_TEST_DISPATCH)
@@ -466,6 +467,79 @@ TEST_CASE("amx::bf16_rows packs rows and columns as rounding element by element"
     }
   }
   CHECK(shapes == 2 * 8 * 9);
+}
+
+// amx::matmul_sum (the backward's dQ: one term per visit of a q-tile) is
+// matmul after matmul, bit for bit: C's tiles hold fp32 between the terms
+// either way. Terms of 1 to 3 steps with their own strides, C of whole and
+// narrowed (decode-sized) tiles, overwritten and accumulated; and each sum
+// against an fp64 reference. AMX has no other implementation: on a CPU
+// without it there is nothing to run, and the test says so.
+TEST_CASE("amx::matmul_sum adds its terms in order as one matmul after another", "[bf16_dot][amx]") {
+  if (!amx::available()) {
+    WARN("this CPU has no AMX: amx::matmul_sum not run");
+    return;
+  }
+  std::mt19937 rng(2713);
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  const auto random_bf16 = [&](index_t n) {
+    std::vector<std::uint16_t> v(static_cast<std::size_t>(n));
+    for (std::uint16_t& x : v) x = bfloat16(value(rng)).bits;
+    return v;
+  };
+  int shapes = 0;
+  for (const index_t a_rows : {8, 16, 48, 128}) {
+    for (const index_t b_cols : {8, 16, 32, 128}) {
+      for (const int count : {1, 2, 4}) {
+        for (const bool accumulate : {false, true}) {
+          std::vector<std::vector<std::uint16_t>> a_data, b_data;
+          std::vector<amx::Term> terms;
+          for (int t = 0; t < count; ++t) {
+            const index_t steps = 1 + (t + a_rows / 16) % 3, a_len = steps * 32 + 32 * (t % 2);  // padded A rows
+            const index_t b_len = b_cols + 16 * (t % 2);                                         // padded B rows
+            a_data.push_back(random_bf16(a_rows * a_len));
+            b_data.push_back(random_bf16(steps * 16 * b_len * 2));
+            terms.push_back({a_data.back().data(), static_cast<std::size_t>(a_len) * 2, b_data.back().data(),
+                             static_cast<std::size_t>(b_len) * 4, steps});
+          }
+          std::vector<float> c0(static_cast<std::size_t>(a_rows * b_cols));
+          for (float& x : c0) x = value(rng);
+          std::vector<float> one_by_one = c0, summed = c0;
+          for (int t = 0; t < count; ++t) {
+            const amx::Term& m = terms[static_cast<std::size_t>(t)];
+            amx::matmul(m.a, m.a_stride, a_rows, m.b, m.b_stride, b_cols, m.steps, one_by_one.data(), b_cols * 4,
+                        accumulate || t > 0);
+          }
+          amx::matmul_sum(terms.data(), count, a_rows, b_cols, summed.data(), b_cols * 4, accumulate);
+          int differ = 0, far = 0;
+          for (index_t i = 0; i < a_rows; ++i) {
+            for (index_t j = 0; j < b_cols; ++j) {
+              double want = accumulate ? c0[static_cast<std::size_t>(i * b_cols + j)] : 0.0, size = std::abs(want);
+              for (const amx::Term& m : terms) {
+                const auto* a = static_cast<const std::uint16_t*>(m.a);
+                const auto* b = static_cast<const std::uint16_t*>(m.b);
+                for (index_t k = 0; k < m.steps * 32; ++k) {
+                  const double x = to_float(bfloat16::from_bits(a[i * (m.a_stride / 2) + k])) *
+                                   to_float(bfloat16::from_bits(b[(k / 2) * (m.b_stride / 2) + 2 * j + k % 2]));
+                  want += x;
+                  size += std::abs(x);
+                }
+              }
+              const float got = summed[static_cast<std::size_t>(i * b_cols + j)];
+              differ += std::bit_cast<std::uint32_t>(got) !=
+                        std::bit_cast<std::uint32_t>(one_by_one[static_cast<std::size_t>(i * b_cols + j)]);
+              far += std::abs(got - want) > 1e-5 * size;
+            }
+          }
+          INFO("a_rows " << a_rows << " b_cols " << b_cols << " terms " << count << " accumulate " << accumulate);
+          CHECK(differ == 0);
+          CHECK(far == 0);
+          ++shapes;
+        }
+      }
+    }
+  }
+  CHECK(shapes == 96);
 }
 
 TEST_CASE("bf16 dot path: automatic choice and bad settings", "[bf16_dot]") {

@@ -55,6 +55,16 @@ inline std::uint16_t round_to_bf16(float x) {
   return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// One product of matmul_sum: A rows `a_stride` bytes apart, B pair-rows `b_stride` bytes apart, `steps` of 32
+// along the reduction.
+struct Term {
+  const void* a = nullptr;
+  std::size_t a_stride = 0;
+  const void* b = nullptr;
+  std::size_t b_stride = 0;
+  index_t steps = 0;
+};
+
 #if SEQATTN_HAS_AMX
 
 namespace detail {
@@ -156,41 +166,49 @@ inline const TileConfig& config() {
 
 #define SEQATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
 
-// C tiles 0..3 = (a, b) blocks (0,0) (0,1) (1,0) (1,1); kA / kB: 1 or 2 tiles.
+// C tiles 0..3 = (a, b) blocks (0,0) (0,1) (1,0) (1,1) at row i, column j of
+// C; kA / kB: 1 or 2 tiles. C is loaded (or zeroed) and stored once for all
+// the terms, whose products add into it in the terms' order.
 template <int kA, int kB>
-SEQATTN_AMX_TARGET inline void block(const char* a, std::size_t a_stride, std::size_t a_next, const char* b,
-                                     std::size_t b_stride, std::size_t b_next, index_t steps, std::size_t a_step,
-                                     std::size_t b_step, char* c, std::size_t c_stride, std::size_t c_row_next,
-                                     std::size_t c_col_next, bool load_c) {
+SEQATTN_AMX_TARGET inline void block(const Term* terms, int count, index_t i, index_t j, char* c, std::size_t c_stride,
+                                     bool load_c) {
+  char* const ct = c + i * c_stride + j * 4;
+  const std::size_t c_row_next = 16 * c_stride, c_col_next = 64;
   if (load_c) {
-    _tile_loadd(0, c, c_stride);
-    if constexpr (kB == 2) _tile_loadd(1, c + c_col_next, c_stride);
-    if constexpr (kA == 2) _tile_loadd(2, c + c_row_next, c_stride);
-    if constexpr (kA == 2 && kB == 2) _tile_loadd(3, c + c_row_next + c_col_next, c_stride);
+    _tile_loadd(0, ct, c_stride);
+    if constexpr (kB == 2) _tile_loadd(1, ct + c_col_next, c_stride);
+    if constexpr (kA == 2) _tile_loadd(2, ct + c_row_next, c_stride);
+    if constexpr (kA == 2 && kB == 2) _tile_loadd(3, ct + c_row_next + c_col_next, c_stride);
   } else {
     _tile_zero(0);
     if constexpr (kB == 2) _tile_zero(1);
     if constexpr (kA == 2) _tile_zero(2);
     if constexpr (kA == 2 && kB == 2) _tile_zero(3);
   }
-  for (index_t s = 0; s < steps; ++s) {
-    _tile_loadd(4, a + s * a_step, a_stride);
-    _tile_loadd(6, b + s * b_step, b_stride);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (kB == 2) {
-      _tile_loadd(7, b + s * b_step + b_next, b_stride);
-      _tile_dpbf16ps(1, 4, 7);
-    }
-    if constexpr (kA == 2) {
-      _tile_loadd(5, a + s * a_step + a_next, a_stride);
-      _tile_dpbf16ps(2, 5, 6);
-      if constexpr (kB == 2) _tile_dpbf16ps(3, 5, 7);
+  for (int t = 0; t < count; ++t) {
+    const Term& m = terms[t];
+    const char* const a = static_cast<const char*>(m.a) + i * m.a_stride;
+    const char* const b = static_cast<const char*>(m.b) + j * 4;
+    const std::size_t a_next = 16 * m.a_stride, b_next = 64, b_step = 16 * m.b_stride;
+    for (index_t s = 0; s < m.steps; ++s) {
+      _tile_loadd(4, a + s * 64, m.a_stride);
+      _tile_loadd(6, b + s * b_step, m.b_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (kB == 2) {
+        _tile_loadd(7, b + s * b_step + b_next, m.b_stride);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+      if constexpr (kA == 2) {
+        _tile_loadd(5, a + s * 64 + a_next, m.a_stride);
+        _tile_dpbf16ps(2, 5, 6);
+        if constexpr (kB == 2) _tile_dpbf16ps(3, 5, 7);
+      }
     }
   }
-  _tile_stored(0, c, c_stride);
-  if constexpr (kB == 2) _tile_stored(1, c + c_col_next, c_stride);
-  if constexpr (kA == 2) _tile_stored(2, c + c_row_next, c_stride);
-  if constexpr (kA == 2 && kB == 2) _tile_stored(3, c + c_row_next + c_col_next, c_stride);
+  _tile_stored(0, ct, c_stride);
+  if constexpr (kB == 2) _tile_stored(1, ct + c_col_next, c_stride);
+  if constexpr (kA == 2) _tile_stored(2, ct + c_row_next, c_stride);
+  if constexpr (kA == 2 && kB == 2) _tile_stored(3, ct + c_row_next + c_col_next, c_stride);
 }
 
 // One 16 x 16 C block narrowed to a_rows x b_cols (decode: a GQA group of 8
@@ -248,9 +266,8 @@ class TileScope {
 
 namespace detail {
 
-SEQATTN_AMX_TARGET inline void matmul(const void* a, std::size_t a_stride, index_t a_rows, const void* b,
-                                      std::size_t b_stride, index_t b_cols, index_t steps, void* c,
-                                      std::size_t c_stride, bool accumulate, TileScope* scope) {
+SEQATTN_AMX_TARGET inline void matmul_sum(const Term* terms, int count, index_t a_rows, index_t b_cols, void* c,
+                                          std::size_t c_stride, bool accumulate, TileScope* scope) {
   const TileConfig& tiles = a_rows < 16 || b_cols < 16
                                 ? narrow_config(std::min<index_t>(a_rows, 16), std::min<index_t>(b_cols, 16))
                                 : config();
@@ -259,25 +276,19 @@ SEQATTN_AMX_TARGET inline void matmul(const void* a, std::size_t a_stride, index
   } else {
     load_config(tiles);
   }
-  const char* ap = static_cast<const char*>(a);
-  const char* bp = static_cast<const char*>(b);
   char* cp = static_cast<char*>(c);
   for (index_t i = 0; i < a_rows; i += 32) {
     const bool two_a = i + 16 < a_rows;
     for (index_t j = 0; j < b_cols; j += 32) {
       const bool two_b = j + 16 < b_cols;
-      const char* at = ap + i * a_stride;
-      const char* bt = bp + j * 4;
-      char* ct = cp + i * c_stride + j * 4;
-      const std::size_t an = 16 * a_stride, bn = 64, crn = 16 * c_stride, ccn = 64, as = 64, bs = 16 * b_stride;
       if (two_a && two_b) {
-        block<2, 2>(at, a_stride, an, bt, b_stride, bn, steps, as, bs, ct, c_stride, crn, ccn, accumulate);
+        block<2, 2>(terms, count, i, j, cp, c_stride, accumulate);
       } else if (two_a) {
-        block<2, 1>(at, a_stride, an, bt, b_stride, bn, steps, as, bs, ct, c_stride, crn, ccn, accumulate);
+        block<2, 1>(terms, count, i, j, cp, c_stride, accumulate);
       } else if (two_b) {
-        block<1, 2>(at, a_stride, an, bt, b_stride, bn, steps, as, bs, ct, c_stride, crn, ccn, accumulate);
+        block<1, 2>(terms, count, i, j, cp, c_stride, accumulate);
       } else {
-        block<1, 1>(at, a_stride, an, bt, b_stride, bn, steps, as, bs, ct, c_stride, crn, ccn, accumulate);
+        block<1, 1>(terms, count, i, j, cp, c_stride, accumulate);
       }
     }
   }
@@ -294,7 +305,17 @@ SEQATTN_AMX_TARGET inline void matmul(const void* a, std::size_t a_stride, index
 inline void matmul(const void* a, std::size_t a_stride, index_t a_rows, const void* b, std::size_t b_stride,
                    index_t b_cols, index_t steps, void* c, std::size_t c_stride, bool accumulate,
                    TileScope* scope = nullptr) {
-  detail::matmul(a, a_stride, a_rows, b, b_stride, b_cols, steps, c, c_stride, accumulate, scope);
+  const Term term{a, a_stride, b, b_stride, steps};
+  detail::matmul_sum(&term, 1, a_rows, b_cols, c, c_stride, accumulate, scope);
+}
+
+// C (+)= the sum of the terms' products A_t . B_t (each as matmul's A and B, with its own steps), added in the
+// terms' order with C's tiles loaded and stored once: where each product's reduction is short (a backward dQ
+// tile's 64 keys per kv-tile), loading and storing C for each cost as much as the products. The sums are
+// matmul's, one term after the other, bit for bit (C's tiles hold fp32 between them either way).
+inline void matmul_sum(const Term* terms, int count, index_t a_rows, index_t b_cols, void* c, std::size_t c_stride,
+                       bool accumulate, TileScope* scope = nullptr) {
+  detail::matmul_sum(terms, count, a_rows, b_cols, c, c_stride, accumulate, scope);
 }
 
 namespace detail {
@@ -357,6 +378,7 @@ class TileScope {
 inline bool available() { return false; }
 inline void matmul(const void*, std::size_t, index_t, const void*, std::size_t, index_t, index_t, void*, std::size_t,
                    bool, TileScope* = nullptr) {}
+inline void matmul_sum(const Term*, int, index_t, index_t, void*, std::size_t, bool, TileScope* = nullptr) {}
 inline void key_query_scores(const std::uint16_t*, std::size_t, index_t, const std::uint32_t*, std::size_t, index_t,
                              index_t, float*, std::size_t, TileScope* = nullptr) {}
 inline void accumulate_pv(const std::uint16_t*, std::size_t, index_t, index_t, const std::uint32_t*, std::size_t,

@@ -23,12 +23,15 @@
 // (S = Q Kt, dP = dO Vt, keys on the lanes) and Kernel::accumulate_pv
 // (dV += P^T dO, dK += dS^T Q, dQ += dS K), the last with dS transposed
 // (Kernel::transpose_rows). bf16 calls may run the same five products on
-// AMX tiles (AmxKeyPass) or bf16 pair dot products (PairKeyPass), as
-// the backend's probe chose for its forward (Bf16DotTask::backward_tiles).
+// AMX tiles (AmxKeyPass, which sums a q-tile's dQ products of a sweep in one
+// pass over its dQ rows: end_q_tile) or bf16 pair dot products
+// (PairKeyPass), as the backend's probe chose for its forward
+// (Bf16DotTask::backward_tiles).
 // Empty tiles are never visited; full tiles get no mask work.
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -283,7 +286,7 @@ struct AmxVisitScratch {
         do_rows(kBq * dv / 2),
         p_t(kBkv * kBq / 2),
         ds_t(kBkv * kBq / 2),
-        ds(kBq * kBkv / 2),
+        ds(kKeyTilesPerSweep * kBq * kBkv / 2),
         do_by_q(kBq / 2 * dv),
         q_by_q(kBq / 2 * dk),
         dq(kBq * dk) {}
@@ -520,6 +523,9 @@ struct KeyPassBase {
   // This copy's dQ rows of the q-tile (dq_rows).
   float* dq() const { return dq_rows(c, task, b, h, seq.q_len, q0, n, q_block); }
 
+  // After a q-tile's visits (a pass that defers a product to it says so).
+  void end_q_tile() {}
+
   // dK (scaled: the products took unscaled Q and K) and dV of the kv-tile.
   void store(const KeyTile<Kernel>& tile) const {
     store_rows(c.bp.dk, b, tile.kv0, task.kv_head, tile.acc_k.get(), tile.cols, p.dk, w.dkp, c.scale);
@@ -573,6 +579,13 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
   // The key task's tiles, loaded at its first product and released when the
   // pass (key_task's sweep) ends.
   mutable amx::TileScope scope;
+  // The q-tile's dQ products, one per visit (its dS in its own block of
+  // AmxVisitScratch::ds, the kv-tile's K pairs), summed by end_q_tile with
+  // the dQ rows loaded and stored once: each visit's product reduces over 64
+  // keys only, and loading and storing the 128 x dk fp32 rows around it took
+  // as long as the product.
+  amx::Term dq_terms[kKeyTilesPerSweep];
+  int dq_count = 0;
   static std::uint32_t* pairs(const AlignedFloats& a) { return reinterpret_cast<std::uint32_t*>(a.get()); }
   static std::uint16_t* halves(const AlignedFloats& a) { return reinterpret_cast<std::uint16_t*>(a.get()); }
   // out[jj][e] = (R_2jj[e], R_2jj+1[e]) for jj < n_pad / 2 (Pairs::pack_v), pair rows past the n rows' zero.
@@ -600,7 +613,7 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
     pairs_along_rows(q_row, n, amx_pack::up(n, 32), p.dk, ax.q_by_q);
   }
 
-  void visit(const QTileRef& ref, KeyTile<Kernel>& tile) const {
+  void visit(const QTileRef& ref, KeyTile<Kernel>& tile) {
     using amx_pack::up;
     const AmxVisitScratch& ax = *sc.amx;
     const AmxKeyOperands& kv = *tile.amx;
@@ -623,17 +636,26 @@ struct AmxKeyPass : KeyPassBase<Kernel, bfloat16, V> {
                 true, &scope);
     amx::matmul(halves(ax.ds_t), n32 * kH, cols16, pairs(ax.q_by_q), dk * kF, dk, n32 / 32, tile.acc_k.get(), dk * kF,
                 true, &scope);
-    amx::bf16_rows(sc.dp.get(), kBq, 1, n, cols, cols32, n16, halves(ax.ds));  // dS [query][key]
+    assert(dq_count < kKeyTilesPerSweep);
+    std::uint16_t* ds = halves(ax.ds) + dq_count * kBq * kBkv;
+    amx::bf16_rows(sc.dp.get(), kBq, 1, n, cols, cols32, n16, ds);  // dS [query][key]
+    dq_terms[dq_count++] = {ds, static_cast<std::size_t>(cols32) * kH, pairs(kv.k_by_key), dk * kF, cols32 / 32};
+  }
+
+  // dQ += the sum of the q-tile's visits' dS K, in the order of the visits.
+  void end_q_tile() {
+    if (dq_count == 0) return;
+    const index_t dk = p.dk, n16 = amx_pack::up(n, 16);
     float* dq = this->dq();
     // Whole 16-row blocks only: rows past n belong to other tasks' tiles.
-    float* target = n == n16 ? dq : ax.dq.get();
+    float* target = n == n16 ? dq : sc.amx->dq.get();
     if (target != dq) {
       std::copy_n(dq, n * dk, target);
       std::fill(target + n * dk, target + n16 * dk, 0.0f);
     }
-    amx::matmul(halves(ax.ds), cols32 * kH, n16, pairs(kv.k_by_key), dk * kF, dk, cols32 / 32, target, dk * kF, true,
-                &scope);
+    amx::matmul_sum(dq_terms, dq_count, n16, dk, target, dk * kF, true, &scope);
     if (target != dq) std::copy_n(target, n * dk, dq);
+    dq_count = 0;
   }
 };
 
@@ -803,6 +825,7 @@ void sweep_key_task(Pass& pass, const TiledBackwardWork& w, const KeyTask& task,
       for (std::size_t i = 0; i < count; ++i) {
         if (next[i] < end[i] && order(next[i]) == least) pass.visit(w.q_refs[next[i]++], tiles[i]);
       }
+      pass.end_q_tile();
     }
     for (std::size_t i = 0; i < count; ++i) pass.store(tiles[i]);
   }

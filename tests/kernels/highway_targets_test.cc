@@ -408,7 +408,11 @@ namespace {
 // An AheadStream request that records the line instead of prefetching it.
 struct RecordLines {
   std::vector<const char*>* lines;
-  void operator()(const char* p, bool /*into_l2*/) const { lines->push_back(p); }
+  std::vector<bool>* into_l2 = nullptr;  // each line's level, where asked
+  void operator()(const char* p, bool l2) const {
+    lines->push_back(p);
+    if (into_l2 != nullptr) into_l2->push_back(l2);
+  }
 };
 }  // namespace
 
@@ -466,16 +470,21 @@ TEST_CASE("RowsAheadPart splits a chain of two lists into parts that together re
   std::vector<const void*> own, next;
   for (index_t j = 0; j < 7; ++j) own.push_back(memory + 64 * (2 * j));
   for (index_t j = 0; j < 11; ++j) next.push_back(memory + 64 * (20 + 3 * j));
-  const RowsAhead second{next.data(), 11, 130};  // 3 lines a row
+  const RowsAhead second{next.data(), 11, 130, nullptr, true};  // 3 lines a row, into L2
   const RowsAhead first{own.data(), 7, 64, &second};
   std::vector<const char*> want;
-  BasicAheadStream<RecordLines> whole(first, 1, RecordLines{&want});
+  std::vector<bool> want_l2;
+  BasicAheadStream<RecordLines> whole(first, 1, RecordLines{&want, &want_l2});
   whole.step();
   REQUIRE(static_cast<index_t>(want.size()) == 7 + 11 * 3);
+  // Each list's lines at its own level.
+  CHECK(std::count(want_l2.begin(), want_l2.begin() + 7, true) == 0);
+  CHECK(std::count(want_l2.begin() + 7, want_l2.end(), false) == 0);
   // Keys of a 45-key tile split as pages of 16 starting 5 keys into a page, and other splits.
   for (const std::vector<index_t>& bounds :
        {std::vector<index_t>{0, 11, 27, 43, 45}, {0, 45}, {0, 1, 2, 44, 45}, {0, 20, 25, 45}}) {
     std::vector<const char*> got;
+    std::vector<bool> got_l2;
     INFO("parts " << bounds.size() - 1);
     for (std::size_t i = 0; i + 1 < bounds.size(); ++i) {
       const RowsAheadPart part(first, bounds[i], bounds[i + 1], 45);
@@ -483,10 +492,11 @@ TEST_CASE("RowsAheadPart splits a chain of two lists into parts that together re
       index_t rows = 0;
       for (const RowsAhead* list = &part.get(); list != nullptr; list = list->also) rows += list->n;
       CHECK(rows == 18 * bounds[i + 1] / 45 - 18 * bounds[i] / 45);
-      BasicAheadStream<RecordLines> stream(part.get(), 3, RecordLines{&got});
+      BasicAheadStream<RecordLines> stream(part.get(), 3, RecordLines{&got, &got_l2});
       for (int k = 0; k < 3; ++k) stream.step();
     }
     CHECK(got == want);
+    CHECK(got_l2 == want_l2);
   }
   const RowsAheadPart none(RowsAhead{}, 0, 16, 64);
   CHECK(none.get().empty());

@@ -1,4 +1,5 @@
-// Intel AMX tile matmuls for the bf16 prefill path (backends/highway_bf16-inl.h, AmxTiles).
+// Intel AMX tile matmuls for the bf16 forward (backends/highway_bf16-inl.h, AmxTiles) and backward
+// (attention/detail/tiled_backward.hpp, AmxKeyPass).
 //
 // AMX holds eight tile registers of up to 16 rows x 64 bytes; TDPBF16PS adds
 // A[16 x 32 bf16] . B[16 pair-rows x 16 pairs] into C[16 x 16 fp32], B's rows
@@ -311,7 +312,8 @@ inline void matmul(const void* a, std::size_t a_stride, index_t a_rows, const vo
 
 // C (+)= the sum of the terms' products A_t . B_t (each as matmul's A and B, with its own steps), added in the
 // terms' order with C's tiles loaded and stored once: where each product's reduction is short (a backward dQ
-// tile's 64 keys per kv-tile), loading and storing C for each cost as much as the products. The sums are
+// tile's 64 keys per kv-tile), loading and storing C for each took as many tile loads and stores as the
+// product's own operand loads. The sums are
 // matmul's, one term after the other, bit for bit (C's tiles hold fp32 between them either way).
 inline void matmul_sum(const Term* terms, int count, index_t a_rows, index_t b_cols, void* c, std::size_t c_stride,
                        bool accumulate, TileScope* scope = nullptr) {

@@ -376,8 +376,8 @@ struct FlashKernel {
   }
 #endif
 
-  // `ahead`: named by the engine for tasks of few rows (decode) only;
-  // prefill's tiles are computed long enough for the hardware prefetchers.
+  // `ahead`: the rows the engine asks for while this tile computes
+  // (tiled_forward.hpp, kv_rows_ahead): into L1 for decode, L2 for prefill.
   static void scores(const float* HWY_RESTRICT qt, index_t rows_p, index_t dk, const float* HWY_RESTRICT k,
                      index_t k_stride, index_t cols, float* HWY_RESTRICT st, const RowsAhead& ahead = {}) {
 #if HWY_TARGET <= HWY_AVX3

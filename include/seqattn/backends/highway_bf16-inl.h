@@ -1053,8 +1053,9 @@ struct Bf16DotKernel {
                     const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
       pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), sc.qt.get());
     }
-    // `ahead`: requested by the decode blocks (RowsAhead), which the engine
-    // hands rows only in decode.
+    // `ahead`: requested by the decode blocks (RowsAhead); the prefill
+    // kernels have no requests in their loops, so the engine hands none.
+    static constexpr bool kDecodeRowsAhead = true, kPrefillRowsAhead = false;
     void scores(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
                 index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc,
                 [[maybe_unused]] const RowsAhead& ahead) const {
@@ -1200,8 +1201,13 @@ struct Bf16DotKernel {
                     const detail::TaskRows& t, float, detail::TileScratch<K>& sc) const {
       pack_query(p, seq, t, sc.row_q.data(), sc.row_head.data(), sc.qt.get());
     }
-    // The tile loads of AMX cannot interleave requests for rows ahead: the
-    // RowsAhead hint goes unused (decode on AMX was not measured with it).
+    // The tile loads of AMX cannot interleave requests for rows ahead, and
+    // requests from the vector passes beside them (scaling the scores,
+    // rescaling O) measured slower in prefill and in-cache decode
+    // (2026-11-28, the Xeon VM of the README: bf16 causal 16k 882 -> 976 ms,
+    // decode GQA 32/4 over 4k keys 0.52 -> 0.57 ms, minimum of three
+    // alternations each): the engine hands none.
+    static constexpr bool kDecodeRowsAhead = false, kPrefillRowsAhead = false;
     void scores(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
                 index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc, const RowsAhead&) const {
       const index_t keys = amx_keys(tile.cols);

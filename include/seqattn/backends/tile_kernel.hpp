@@ -46,6 +46,8 @@ namespace seqattn {
 // arithmetic only when the next rows are requested while this tile computes,
 // at an even rate: requests in bursts fill the core's miss buffers, and
 // the loads behind them wait (measured in tiled_forward.hpp's decode notes).
+// Prefill requests the next tile's rows into L2, where a tile's K and V would
+// otherwise come from the last-level cache on demand (the same notes).
 // A kernel requests them through an AheadStream over its loop.
 struct RowsAhead {
   const void* const* rows = nullptr;  // n row pointers
@@ -99,7 +101,7 @@ class RowsAheadPart {
   RowsAhead lists_[2];
 };
 
-// One cache line into L1. Not __builtin_prefetch: GCC 12 deletes a loop
+// One cache line into L1, or into L2 only. Not __builtin_prefetch: GCC 12 deletes a loop
 // whose body is only that builtin as a loop without side effects (no
 // prefetch instruction was left in the binary), which an asm statement with
 // a memory operand is not.

@@ -230,7 +230,9 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
 // V came from the last-level cache on demand, and the in-cache tile kernels
 // (bench/bf16_dot.cpp BM_TileQK, BM_TilePV: 0.85-0.95 of the FMA rate) ran
 // at about 0.7 of it inside the forward. Into L1 instead, the next tile's 32
-// KiB of K or V evict the running tile's Qt and K. Measured on the 2-vCPU
+// KiB of K or V likely evict the running tile's Qt and K (L1 holds 48 KiB).
+// The requests of a staged copy (fp32 BSHD K/V not worth a band's copy, as
+// 16 documents in 8k) come one row's lines per row copied. Measured on the 2-vCPU
 // Intel Xeon VM with AMX of the README (model 207, 2026-11-28, a neighbour on
 // the cores: minimum and median of four alternations, bench/attention.cpp,
 // causal, d = 128, 8 heads, fp32): 4k on 1 thread 357 / 360 ms without
@@ -367,6 +369,8 @@ struct TiledCall {
 // products of highway_bf16-inl.h) supplies its own type with the same steps.
 template <class Kernel>
 struct WidenedTiles {
+  // Its kernels and staging copies request the rows ahead they are handed.
+  static constexpr bool kDecodeRowsAhead = true, kPrefillRowsAhead = true;
   bool k_in_place = false;
   bool v_in_place = false;
   // Decode: fp32 K/V rows read in place page by page where a tile
@@ -460,7 +464,10 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
   std::fill_n(m, kBq, kNegInf);
   std::fill_n(l, kBq, 0.0f);
   std::fill_n(o, t.rows_p * c.w.dvp, 0.0f);
-  const bool many_rows = t.rows > kBq / 4;
+  // Rows ahead (the notes above kv_rows_ahead): groups of few rows run the
+  // decode kernels and request into L1; many rows (prefill), into L2.
+  const bool decode_groups = t.group_rows_p <= kBq / 4;
+  const bool requests = decode_groups ? Tiles::kDecodeRowsAhead : Tiles::kPrefillRowsAhead;
 
   const index_t n = u.num_tiles();
   const index_t first_tile = n * split / c.w.splits;
@@ -487,17 +494,17 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
       // group's V rows; the task's first group requests its own V rows
       // first, during its scores. The first row band that runs makes the
       // requests (a decode task's kBlockQ / 4 rows at most may make two).
-      // Prefill requests into L2 (the notes above kv_rows_ahead).
+      // Tiles whose kernels ignore them get none.
       const void* v_rows[kBkv];
       const void* k_rows[kBkv];
       const void* own_rows[kBkv];
       RowsAhead own_v, next_k, next_v;
-      if ((g + 1 < u.kv_groups || next_tile)) {
+      if (requests && (g + 1 < u.kv_groups || next_tile)) {
         const bool same_tile = g + 1 < u.kv_groups;
         const index_t head = same_tile ? kv_head + 1 : u.kv_head, at = same_tile ? kv0 : next_kv0;
         const index_t n_rows = std::min(kBkv, seq.kv_len - at);
-        next_k = kv_rows_ahead(p, seq, false, at, n_rows, head, p.dk, many_rows, k_rows);
-        next_v = kv_rows_ahead(p, seq, true, at, n_rows, head, p.dv, many_rows, v_rows);
+        next_k = kv_rows_ahead(p, seq, false, at, n_rows, head, p.dk, !decode_groups, k_rows);
+        next_v = kv_rows_ahead(p, seq, true, at, n_rows, head, p.dv, !decode_groups, v_rows);
       }
       bool requested = false;
       for (const TileSpan& band : bands) {
@@ -510,8 +517,8 @@ void run_task_steps(const TiledCall<Kernel, T, V>& c, index_t task, TileScratch<
                              sc.row_head.data() + r0, u.sequence, key0, seq.q_len, seq.kv_len};
         const bool first_band = !requested;
         requested = true;
-        if (i == first_tile && g == 0 && first_band) {
-          own_v = kv_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, many_rows, own_rows);
+        if (requests && i == first_tile && g == 0 && first_band) {
+          own_v = kv_rows_ahead(p, seq, true, key0, keys, kv_head, p.dv, !decode_groups, own_rows);
           own_v.also = &next_k;
         }
         const std::uint8_t* band_bits = bits == nullptr ? nullptr : bits + band.col_begin * (kBq / 8) + r0 / 8;

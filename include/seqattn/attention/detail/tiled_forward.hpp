@@ -232,12 +232,17 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
 // at about 0.7 of it inside the forward. Into L1 instead, the next tile's 32
 // KiB of K or V likely evict the running tile's Qt and K (L1 holds 48 KiB).
 // The requests of a staged copy (fp32 BSHD K/V not worth a band's copy, as
-// 16 documents in 8k) come one row's lines per row copied. Measured on the 2-vCPU
-// Intel Xeon VM with AMX of the README (model 207, 2026-11-28, a neighbour on
-// the cores: minimum and median of four alternations, bench/attention.cpp,
-// causal, d = 128, 8 heads, fp32): 4k on 1 thread 357 / 360 ms without
-// requests, 295 / 390 into L1, 268 / 296 into L2; 2 threads 162 / 165, 151 /
-// 168, 153 / 161 ms; 16 documents in 8k 69 / 81, 72 / 77, 66 / 71 ms.
+// 16 documents in 8k) come one row's lines per row copied. Measured on the
+// 2-vCPU Intel Xeon VM with AMX of the README (model 207, 2026-11-28, with a
+// neighbour on the cores), fp32, d = 128, 8 heads, 2 threads unless said:
+// calls with and without the requests alternating in one process (minimum /
+// first quartile / median): causal 4k 197 / 207 / 224 -> 186 / 191 / 200 ms,
+// on 1 thread 277 / 284 / 293 -> 273 / 277 / 326 ms; a 1k window over 16k
+// (its K/V tiles mostly in L2 already) 346 / 355 / 372 -> 345 / 368 / 373 ms
+// and 16 documents in 8k 77 / 83 / 91 -> 80 / 83 / 87 ms, both within the
+// noise. Into L1 instead (bench/attention.cpp, four alternating runs of two
+// binaries: minimum / median): causal 4k on 1 thread 357 / 360 ms without
+// requests, 295 / 390 into L1, 268 / 296 into L2.
 #ifndef SEQATTN_DECODE_IN_PLACE
 #define SEQATTN_DECODE_IN_PLACE 1
 #endif

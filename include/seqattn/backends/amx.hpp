@@ -313,8 +313,8 @@ inline void matmul(const void* a, std::size_t a_stride, index_t a_rows, const vo
 // C (+)= the sum of the terms' products A_t . B_t (each as matmul's A and B, with its own steps), added in the
 // terms' order with C's tiles loaded and stored once: where each product's reduction is short (a backward dQ
 // tile's 64 keys per kv-tile), loading and storing C for each took as many tile loads and stores as the
-// product's own operand loads. The sums are
-// matmul's, one term after the other, bit for bit (C's tiles hold fp32 between them either way).
+// product's own operand loads. The sums are matmul's, one term after the other, bit for bit (C's tiles hold
+// fp32 between them either way).
 inline void matmul_sum(const Term* terms, int count, index_t a_rows, index_t b_cols, void* c, std::size_t c_stride,
                        bool accumulate, TileScope* scope = nullptr) {
   detail::matmul_sum(terms, count, a_rows, b_cols, c, c_stride, accumulate, scope);

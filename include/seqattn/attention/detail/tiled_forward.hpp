@@ -225,12 +225,14 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
 //     Before that, on 2026-11-26, the requests themselves (which GCC 12 had
 //     deleted from an earlier prefetch loop: see PrefetchLine) took bf16
 //     from 5.9-6.3 to 3.3-3.5 ms.
-// Prefill (many rows) requests the same rows, into L2: a packed band of K/V
-// (4 MiB at 4k keys, d = 128, fp32) is larger than L2, so every tile's K and
-// V came from the last-level cache on demand, and the in-cache tile kernels
-// (bench/bf16_dot.cpp BM_TileQK, BM_TilePV: 0.85-0.95 of the FMA rate) ran
-// at about 0.7 of it inside the forward. Into L1 instead, the next tile's 32
-// KiB of K or V likely evict the running tile's Qt and K (L1 holds 48 KiB).
+// Prefill (K/V groups of many rows: run_task_steps' decode_groups) requests
+// the same rows, into L2: a packed band of K/V (4 MiB at 4k keys, d = 128,
+// fp32) is larger than L2, so every tile's K and V came from the last-level
+// cache on demand, and the in-cache tile kernels (bench/bf16_dot.cpp
+// BM_TileQK, BM_TilePV: 0.85-0.95 of the FMA rate) ran at about 0.8 of
+// that rate inside the forward. Into L1, the next tile's 32 KiB of K or V
+// likely evict the running tile's Qt and K (L1 holds 48 KiB): it measured
+// worse on the median (below).
 // The requests of a staged copy (fp32 BSHD K/V not worth a band's copy, as
 // 16 documents in 8k) come one row's lines per row copied. Measured on the
 // 2-vCPU Intel Xeon VM with AMX of the README (model 207, 2026-11-28, with a
@@ -240,9 +242,9 @@ RowsView load_kv_tile(const AttentionProblem<T>& p, const SequenceGeometry& seq,
 // on 1 thread 277 / 284 / 293 -> 273 / 277 / 326 ms; a 1k window over 16k
 // (its K/V tiles mostly in L2 already) 346 / 355 / 372 -> 345 / 368 / 373 ms
 // and 16 documents in 8k 77 / 83 / 91 -> 80 / 83 / 87 ms, both within the
-// noise. Into L1 instead (bench/attention.cpp, four alternating runs of two
-// binaries: minimum / median): causal 4k on 1 thread 357 / 360 ms without
-// requests, 295 / 390 into L1, 268 / 296 into L2.
+// noise. L1 against L2 (bench/attention.cpp, four alternating runs of
+// three binaries: minimum / median): causal 4k on 1 thread 357 / 360 ms
+// without requests, 295 / 390 into L1, 268 / 296 into L2.
 #ifndef SEQATTN_DECODE_IN_PLACE
 #define SEQATTN_DECODE_IN_PLACE 1
 #endif

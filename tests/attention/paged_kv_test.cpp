@@ -209,7 +209,8 @@ TEMPLATE_TEST_CASE("paged K/V equals the contiguous layout: decode", "[attention
 
 // bf16 decode on each bf16 path forced (the pair dot's 8-row blocks, AMX's
 // narrowed tiles, widening): K and V rows are read in place through the page
-// table, page by page.
+// table, page by page. On AMX, K tiles in pages of 16 run one product per
+// page; pages of 40 (whole 16-key tiles straddle pages) take the copy.
 TEST_CASE("paged K/V equals the contiguous layout: bf16 decode on each bf16 path", "[attention][paged][decode]") {
   struct Restore {
     Bf16DotPath saved = bf16_dot_path();
@@ -217,7 +218,7 @@ TEST_CASE("paged K/V equals the contiguous layout: bf16 decode on each bf16 path
   } restore;
   Rng rng(13);
   for (const Bf16DotPath path : {Bf16DotPath::native, Bf16DotPath::amx, Bf16DotPath::widen}) {
-    for (const index_t ps : {16, 24, 256}) {
+    for (const index_t ps : {16, 24, 40, 256}) {
       for (const auto& [hq, hkv] : {std::pair<index_t, index_t>{32, 4}, {8, 1}}) {
         PagedCase c;
         c.q_lens = {1, 1};

@@ -1112,8 +1112,8 @@ struct Bf16DotKernel {
 
   // ---- AMX tiles (backends/amx.hpp) ---------------------------------------------
   // The same steps on Intel AMX: QK^T as K . Qt2 straight into St[key][row]
-  // (K in place when the tile's 32-multiple of rows are evenly spaced, else a
-  // zero-padded copy in kbuf), scaled after; P rounded to bf16 (nearest even)
+  // (K in place run by run where its runs are whole 16-key tiles, else a
+  // zero-padded copy in kbuf: amx_scores), scaled after; P rounded to bf16 (nearest even)
   // and transposed into Pq[row][key] (kbuf, free again after the scores;
   // amx::bf16_rows, 16 x 16 word transposes), V packed into pairs (vbuf,
   // pack_v), O scaled by alpha, then O += Pq . Vp.
@@ -1166,25 +1166,38 @@ struct Bf16DotKernel {
     }
   }
 
-  // K rows [0, keys) of a tile: in place when they are `cols` == keys rows an equal stride apart, else copied
-  // (dk bf16 each) into `buf` with zero rows up to `keys`. Returns the rows and sets `stride` (bytes).
-  template <class Row>
-  static const std::uint16_t* amx_key_rows(const Row& row, index_t cols, index_t keys, index_t dk, std::uint16_t* buf,
-                                           std::size_t& stride) {
-    const std::uint16_t* first = bits_of(row(0));
-    if (cols == keys && cols > 1) {
-      const std::ptrdiff_t step = bits_of(row(1)) - first;
-      bool even = step >= dk;
-      for (index_t j = 2; even && j < cols; ++j) even = bits_of(row(j)) - first == step * j;
-      if (even) {
-        stride = static_cast<std::size_t>(step) * sizeof(std::uint16_t);
-        return first;
-      }
+  // QK^T of a tile on AMX into St[key][row] (unscaled): K . Qt2, K read in
+  // place one product per run of evenly strided rows (the whole tile when
+  // contiguous, a page at a time in a paged cache) where each run is whole
+  // 16-key A tiles and the rows do not overlap; else K copied (dk bf16 per
+  // row, one block-table lookup per page) into `buf` with zero rows up to
+  // whole 32-key steps, one product. V's row pointers, too, come one
+  // lookup per page (for_kv_rows). Until 2026-11-28 every paged tile was
+  // copied with a lookup per row: decode over 32k keys in pages of 16 took
+  // 1.27x (GQA 32/4) and 1.31x (8/1) the time of contiguous K/V, now 1.04-1.07x
+  // and 1.14-1.16x (minimum of 16-30 calls alternating in one process, 2
+  // threads of the Xeon VM with AMX of the README).
+  static void amx_scores(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
+                         index_t kv_head, const ScoreTile& tile, const std::uint32_t* qt2, index_t rows16,
+                         std::uint16_t* buf, amx::TileScope* scope) {
+    constexpr std::size_t kStBytes = kBq * sizeof(float);
+    const auto token_bytes = static_cast<std::size_t>(p.k_strides.token) * sizeof(std::uint16_t);
+    bool in_place = p.k_strides.token >= p.dk;
+    p.for_kv_runs(seq, false, tile.kv_begin, tile.cols, kv_head,
+                  [&](index_t, index_t run, const bfloat16*) { in_place = in_place && run % 16 == 0; });
+    if (in_place) {
+      p.for_kv_runs(seq, false, tile.kv_begin, tile.cols, kv_head, [&](index_t j, index_t run, const bfloat16* k) {
+        amx::key_query_scores(bits_of(k), token_bytes, run, qt2, kStBytes, rows16, p.dk, tile.scores + j * kBq,
+                              kStBytes, scope);
+      });
+      return;
     }
-    for (index_t j = 0; j < cols; ++j) std::memcpy(buf + j * dk, bits_of(row(j)), static_cast<std::size_t>(dk) * 2);
-    std::fill(buf + cols * dk, buf + keys * dk, std::uint16_t{0});
-    stride = static_cast<std::size_t>(dk) * sizeof(std::uint16_t);
-    return buf;
+    const index_t keys = amx_keys(tile.cols);
+    const auto row_bytes = static_cast<std::size_t>(p.dk) * sizeof(std::uint16_t);
+    p.for_kv_rows(seq, false, tile.kv_begin, tile.cols, kv_head,
+                  [&](index_t j, const bfloat16* k) { std::memcpy(buf + j * p.dk, bits_of(k), row_bytes); });
+    std::fill(buf + tile.cols * p.dk, buf + keys * p.dk, std::uint16_t{0});
+    amx::key_query_scores(buf, row_bytes, keys, qt2, kStBytes, rows16, p.dk, tile.scores, kStBytes, scope);
   }
 
   struct AmxTiles {
@@ -1210,14 +1223,8 @@ struct Bf16DotKernel {
     static constexpr bool kDecodeRowsAhead = false, kPrefillRowsAhead = false;
     void scores(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
                 index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc, const RowsAhead&) const {
-      const index_t keys = amx_keys(tile.cols);
-      std::size_t stride = 0;
-      const std::uint16_t* k =
-          amx_key_rows([&](index_t j) { return p.k_row(seq, tile.kv_begin + j, kv_head); }, tile.cols, keys, p.dk,
-                       reinterpret_cast<std::uint16_t*>(sc.kbuf.get()), stride);
-      amx::key_query_scores(k, stride, keys, reinterpret_cast<const std::uint32_t*>(sc.qt.get() + r0),
-                            kBq * sizeof(float), amx_rows(tile.rows_padded), p.dk, tile.scores, kBq * sizeof(float),
-                            &scope);
+      amx_scores(p, seq, kv_head, tile, reinterpret_cast<const std::uint32_t*>(sc.qt.get() + r0),
+                 amx_rows(tile.rows_padded), reinterpret_cast<std::uint16_t*>(sc.kbuf.get()), &scope);
       scale_rows(tile.scores, tile.cols, tile.rows_padded, q_scale);
     }
     // The scans run only where the softmax saw a tiny weight: a weight of at
@@ -1230,8 +1237,10 @@ struct Bf16DotKernel {
       const index_t keys = amx_keys(tile.cols), rows16 = amx_rows(tile.rows_padded);
       auto* pq = reinterpret_cast<std::uint16_t*>(sc.kbuf.get());
       amx::bf16_rows(tile.scores, 1, kBq, tile.rows_padded, tile.cols, keys, rows16, pq);  // Pq[row][key]
-      const auto v_row = [&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); };
-      pack_v(v_row, p.v_strides.dim, tile.cols, p.dv, dvp, sc.vbuf.get());
+      const bfloat16* v_rows[kBkv];
+      p.for_kv_rows(seq, true, tile.kv_begin, tile.cols, kv_head,
+                    [&v_rows](index_t j, const bfloat16* row) { v_rows[j] = row; });
+      pack_v([&v_rows](index_t j) { return v_rows[j]; }, p.v_strides.dim, tile.cols, p.dv, dvp, sc.vbuf.get());
       const index_t pairs = (tile.cols + 1) / 2;
       std::fill(sc.vbuf.get() + pairs * dvp, sc.vbuf.get() + keys / 2 * dvp, 0.0f);
       if (tiny_weight && AnyHalfWithExponent(reinterpret_cast<const float*>(pq), tile.rows, pairs, keys / 2, 0u) &&

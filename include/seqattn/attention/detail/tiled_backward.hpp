@@ -300,6 +300,7 @@ struct KeyTile {
   AlignedFloats kt, vt, k_rows, v_rows, acc_k, acc_v;
   std::unique_ptr<AmxKeyOperands> amx;  // where the key pass runs on AMX
   RowsView k{};                         // the vector pass's K rows (in k_rows)
+  bool k_finite = false;                // and whether they are all finite
   index_t kv0 = 0, cols = 0, cols_p = 0;
 
   // The buffers the pass on `tiles` uses: fp32 rows all four, pairs no V
@@ -375,6 +376,22 @@ RowsView rows_of(Row row, index_t n, index_t token_stride, index_t dim_stride, i
                  float* buf) {
   return stage_rows<Kernel, P>(row, n, token_stride, dim_stride, width, padded, dim_stride == 1 && width == padded,
                                buf);
+}
+
+// Whether every element of n rows of `rows`, `width` floats each, is finite.
+// An exponent of all ones is inf or NaN; the loop has no early exit, so
+// it vectorizes.
+inline bool rows_finite(RowsView rows, index_t n, index_t width) {
+  std::uint32_t bad = 0;
+  for (index_t i = 0; i < n; ++i) {
+    const float* row = rows.rows + i * rows.stride;
+    for (index_t e = 0; e < width; ++e) {
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, row + e, sizeof(bits));
+      bad |= static_cast<std::uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+    }
+  }
+  return bad == 0;
 }
 
 // Kernel::transpose_rows of n rows of `rows` (evenly strided).
@@ -756,10 +773,12 @@ struct VectorKeyPass : KeyPassBase<Kernel, T, V> {
   using Base::c, Base::task, Base::sc, Base::p, Base::w, Base::seq, Base::b, Base::h, Base::q0, Base::n;
   static constexpr index_t kBq = Kernel::kBlockQ;
   RowsView q{}, d_o{};  // the q-tile's Q and dO rows
+  bool q_finite = false, do_finite = false;
 
   void load_tile(KeyTile<Kernel>& tile) const {
     tile.k = stage_rows<Kernel, const T>([&](index_t j) { return p.k_row(seq, tile.kv0 + j, task.kv_head); }, tile.cols,
                                          p.k_strides.token, p.k_strides.dim, p.dk, w.dkp, false, tile.k_rows.get());
+    tile.k_finite = rows_finite(tile.k, tile.cols, p.dk);
     const RowsView v =
         rows_of<Kernel, const T>([&](index_t j) { return p.v_row(seq, tile.kv0 + j, task.kv_head); }, tile.cols,
                                  p.v_strides.token, p.v_strides.dim, p.dv, p.dv, tile.v_rows.get());
@@ -773,6 +792,20 @@ struct VectorKeyPass : KeyPassBase<Kernel, T, V> {
     d_o =
         stage_rows<Kernel, const T>([&](index_t r) { return c.bp.dout.row(b, q0 + r, h); }, n, c.bp.dout.strides.token,
                                     c.bp.dout.strides.dim, p.dv, w.dvp, false, sc.do_rows.get());
+    q_finite = rows_finite(q, n, p.dk);
+    do_finite = rows_finite(d_o, n, p.dv);
+  }
+
+  // acc += weights^T rows, unguarded where the rows are finite (a zero
+  // weight then adds 0); else accumulate_pv's scans find where a zero
+  // weight must skip a non-finite value.
+  void accumulate(const float* weights, index_t out_rows, index_t n_weights, RowsView rows, bool finite, index_t width,
+                  float* acc) const {
+    if (finite) {
+      Kernel::accumulate_pv_unguarded(weights, out_rows, n_weights, rows.rows, rows.stride, width, sc.ones.get(), acc);
+    } else {
+      Kernel::accumulate_pv(weights, out_rows, n_weights, rows.rows, rows.stride, width, sc.ones.get(), acc);
+    }
   }
 
   void visit(const QTileRef& ref, KeyTile<Kernel>& tile) const {
@@ -782,11 +815,11 @@ struct VectorKeyPass : KeyPassBase<Kernel, T, V> {
     Kernel::scores(tile.vt.get(), tile.cols_p, p.dv, d_o.rows, d_o.stride, n, sc.dp.get());  // dP[q][key]
     Kernel::softmax_backward_columns(t.scores, sc.dp.get(), n, tile.cols_p, sc.lse.get(), sc.delta.get());
     apply_score_grad(c.variant, t, sc.dp.get(), sc.raw.get());
-    Kernel::accumulate_pv(t.scores, tile.cols, n, d_o.rows, d_o.stride, w.dvp, sc.ones.get(), tile.acc_v.get());
-    Kernel::accumulate_pv(sc.dp.get(), tile.cols, n, q.rows, q.stride, w.dkp, sc.ones.get(), tile.acc_k.get());
+    accumulate(t.scores, tile.cols, n, d_o, do_finite, w.dvp, tile.acc_v.get());
+    accumulate(sc.dp.get(), tile.cols, n, q, q_finite, w.dkp, tile.acc_k.get());
     float* dq = this->dq();
     transpose_rows<Kernel>({sc.dp.get(), kBq}, n, n, tile.cols, 1.0f, sc.ds_t.get());  // dS^T
-    Kernel::accumulate_pv(sc.ds_t.get(), n, tile.cols, tile.k.rows, tile.k.stride, w.dkp, sc.ones.get(), dq);
+    accumulate(sc.ds_t.get(), n, tile.cols, tile.k, tile.k_finite, w.dkp, dq);
   }
 };
 

@@ -1036,6 +1036,16 @@ struct Bf16DotKernel {
     }
   }
 
+  // pack_v of a tile's V rows of one K/V head, their pointers taken one
+  // block-table lookup per page (for_kv_rows).
+  static void pack_tile_v(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq,
+                          index_t kv_head, const ScoreTile& tile, index_t dvp, float* vp) {
+    const bfloat16* rows[kBkv];
+    p.for_kv_rows(seq, true, tile.kv_begin, tile.cols, kv_head,
+                  [&rows](index_t j, const bfloat16* row) { rows[j] = row; });
+    pack_v([&rows](index_t j) { return rows[j]; }, p.v_strides.dim, tile.cols, p.dv, dvp, vp);
+  }
+
   // The tile arithmetic of run_task_steps (attention/detail/tiled_forward.hpp)
   // on bf16 pairs: Qt2 (ceil(dk / 2) x kBlockQ pairs, in the Qt buffer), K
   // read in place row by row (a paged cache's rows may lie in several pages),
@@ -1099,8 +1109,7 @@ struct Bf16DotKernel {
         vp = band->pairs_from(tile.kv_begin);
         finite = band->v_pairs_finite(tile.kv_begin, tile.kv_begin + 2 * pairs);
       } else {
-        pack_v([&](index_t j) { return p.v_row(seq, tile.kv_begin + j, kv_head); }, p.v_strides.dim, tile.cols, p.dv,
-               dvp, sc.vbuf.get());
+        pack_tile_v(p, seq, kv_head, tile, dvp, sc.vbuf.get());
       }
       if (finite || (!tiny_weight && tile.cols % 2 == 0)) {
         accumulate_pv_unguarded<kHw>(tile.scores, tile.rows, pairs, vp, dvp, alpha, o);
@@ -1171,8 +1180,8 @@ struct Bf16DotKernel {
   // contiguous, a page at a time in a paged cache) where each run is whole
   // 16-key A tiles and the rows do not overlap; else K copied (dk bf16 per
   // row, one block-table lookup per page) into `buf` with zero rows up to
-  // whole 32-key steps, one product. V's row pointers, too, come one
-  // lookup per page (for_kv_rows). Until 2026-11-28 every paged tile was
+  // whole 32-key steps, one product. V's rows, too, come one lookup per
+  // page (pack_tile_v). Until 2026-11-28 every paged tile was
   // copied with a lookup per row: decode over 32k keys in pages of 16 took
   // 1.27x (GQA 32/4) and 1.31x (8/1) the time of contiguous K/V, now 1.04-1.07x
   // and 1.14-1.16x (minimum of 16-30 calls alternating in one process, 2
@@ -1237,10 +1246,7 @@ struct Bf16DotKernel {
       const index_t keys = amx_keys(tile.cols), rows16 = amx_rows(tile.rows_padded);
       auto* pq = reinterpret_cast<std::uint16_t*>(sc.kbuf.get());
       amx::bf16_rows(tile.scores, 1, kBq, tile.rows_padded, tile.cols, keys, rows16, pq);  // Pq[row][key]
-      const bfloat16* v_rows[kBkv];
-      p.for_kv_rows(seq, true, tile.kv_begin, tile.cols, kv_head,
-                    [&v_rows](index_t j, const bfloat16* row) { v_rows[j] = row; });
-      pack_v([&v_rows](index_t j) { return v_rows[j]; }, p.v_strides.dim, tile.cols, p.dv, dvp, sc.vbuf.get());
+      pack_tile_v(p, seq, kv_head, tile, dvp, sc.vbuf.get());
       const index_t pairs = (tile.cols + 1) / 2;
       std::fill(sc.vbuf.get() + pairs * dvp, sc.vbuf.get() + keys / 2 * dvp, 0.0f);
       if (tiny_weight && AnyHalfWithExponent(reinterpret_cast<const float*>(pq), tile.rows, pairs, keys / 2, 0u) &&

@@ -209,8 +209,11 @@ TEMPLATE_TEST_CASE("paged K/V equals the contiguous layout: decode", "[attention
 
 // bf16 decode on each bf16 path forced (the pair dot's 8-row blocks, AMX's
 // narrowed tiles, widening): K and V rows are read in place through the page
-// table, page by page. On AMX, K tiles in pages of 16 run one product per
-// page; pages of 40 (whole 16-key tiles straddle pages) take the copy.
+// table, page by page. On AMX (dk 128; pages of 24 have dk 72, which AMX
+// does not take) K tiles in pages of 16 run one product per page; in pages
+// of 40 most tiles have a run that is not whole 16-key A tiles and are
+// copied, and a tile that starts 8 keys into a page runs two 32-key
+// products in place.
 TEST_CASE("paged K/V equals the contiguous layout: bf16 decode on each bf16 path", "[attention][paged][decode]") {
   struct Restore {
     Bf16DotPath saved = bf16_dot_path();

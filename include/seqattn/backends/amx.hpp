@@ -18,7 +18,8 @@
 // call loads the configuration and releases the tiles at its end: other code
 // on the thread (oneDNN, PyTorch) may use AMX between our calls; a TileScope
 // keeps them loaded over a task's calls instead.
-// Shapes: keys a multiple of 32 (callers pad with zero rows), dk a multiple
+// Shapes: QK^T's keys (its A rows) a multiple of 16, P.V's keys (its
+// reduction) a multiple of 32 (callers pad with zero rows), dk a multiple
 // of 32, queries and dvp multiples of 16; queries may also be fewer than 16
 // (decode: a GQA group of 8), which narrows the tiles instead of padding
 // them, so a group's products never touch the next group's rows.
@@ -352,7 +353,7 @@ inline bool available() {
   return ok;
 }
 
-// St[key][query] = K[key][:dk] . Qt2: `keys` K rows (a multiple of 32) at k + j * k_stride bytes, Qt2 with rows
+// St[key][query] = K[key][:dk] . Qt2: `keys` K rows (a multiple of 16) at k + j * k_stride bytes, Qt2 with rows
 // (d pairs) of `qt2_stride` bytes, `queries` (a multiple of 16, or below 16) lanes; St rows st_stride bytes apart.
 // Unscaled.
 inline void key_query_scores(const std::uint16_t* k, std::size_t k_stride, index_t keys, const std::uint32_t* qt2,

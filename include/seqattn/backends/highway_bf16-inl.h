@@ -1190,15 +1190,23 @@ struct Bf16DotKernel {
                          index_t kv_head, const ScoreTile& tile, const std::uint32_t* qt2, index_t rows16,
                          std::uint16_t* buf, amx::TileScope* scope) {
     constexpr std::size_t kStBytes = kBq * sizeof(float);
-    const auto token_bytes = static_cast<std::size_t>(p.k_strides.token) * sizeof(std::uint16_t);
+    struct Run {
+      index_t first = 0, keys = 0;
+      const bfloat16* k = nullptr;
+    };
+    Run runs[kBkv / 16];  // whole 16-key tiles: at most this many runs
+    int count = 0;
     bool in_place = p.k_strides.token >= p.dk;
-    p.for_kv_runs(seq, false, tile.kv_begin, tile.cols, kv_head,
-                  [&](index_t, index_t run, const bfloat16*) { in_place = in_place && run % 16 == 0; });
+    p.for_kv_runs(seq, false, tile.kv_begin, tile.cols, kv_head, [&](index_t j, index_t run, const bfloat16* k) {
+      in_place = in_place && run % 16 == 0;
+      if (in_place) runs[count++] = {j, run, k};
+    });
     if (in_place) {
-      p.for_kv_runs(seq, false, tile.kv_begin, tile.cols, kv_head, [&](index_t j, index_t run, const bfloat16* k) {
-        amx::key_query_scores(bits_of(k), token_bytes, run, qt2, kStBytes, rows16, p.dk, tile.scores + j * kBq,
-                              kStBytes, scope);
-      });
+      const auto token_bytes = static_cast<std::size_t>(p.k_strides.token) * sizeof(std::uint16_t);
+      for (int r = 0; r < count; ++r) {
+        amx::key_query_scores(bits_of(runs[r].k), token_bytes, runs[r].keys, qt2, kStBytes, rows16, p.dk,
+                              tile.scores + runs[r].first * kBq, kStBytes, scope);
+      }
       return;
     }
     const index_t keys = amx_keys(tile.cols);

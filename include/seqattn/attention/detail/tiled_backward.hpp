@@ -378,20 +378,31 @@ RowsView rows_of(Row row, index_t n, index_t token_stride, index_t dim_stride, i
                                buf);
 }
 
-// Whether every element of n rows of `rows`, `width` floats each, is finite.
-// An exponent of all ones is inf or NaN; the loop has no early exit, so
-// it vectorizes.
-inline bool rows_finite(RowsView rows, index_t n, index_t width) {
-  std::uint32_t bad = 0;
-  for (index_t i = 0; i < n; ++i) {
-    const float* row = rows.rows + i * rows.stride;
-    for (index_t e = 0; e < width; ++e) {
-      std::uint32_t bits = 0;
-      std::memcpy(&bits, row + e, sizeof(bits));
-      bad |= static_cast<std::uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
-    }
+// Whether n elements `stride` apart are all finite: an exponent of all ones
+// is inf or NaN. No early exit, so the loop over a row vectorizes.
+template <class T, class Bits>
+bool all_finite(const T* row, index_t n, index_t stride, Bits exponent) {
+  unsigned bad = 0;
+  for (index_t e = 0; e < n; ++e) {
+    Bits bits = 0;
+    std::memcpy(&bits, row + e * stride, sizeof(bits));
+    bad |= (bits & exponent) == exponent ? 1u : 0u;
   }
   return bad == 0;
+}
+inline bool all_finite(const float* row, index_t n, index_t stride) {
+  return all_finite(row, n, stride, std::uint32_t{0x7F800000u});
+}
+inline bool all_finite(const bfloat16* row, index_t n, index_t stride) {
+  return all_finite(row, n, stride, std::uint16_t{0x7F80u});
+}
+
+// Whether n staged rows, `width` floats each, are all finite.
+inline bool rows_finite(RowsView rows, index_t n, index_t width) {
+  for (index_t i = 0; i < n; ++i) {
+    if (!all_finite(rows.rows + i * rows.stride, width, 1)) return false;
+  }
+  return true;
 }
 
 // Kernel::transpose_rows of n rows of `rows` (evenly strided).
@@ -969,12 +980,7 @@ void backward_rows(const BackwardProblem<T>& bp, const TiledBackwardWork& w, con
   }
 }
 
-// Whether every element of q, k, v and dO is finite (bf16 bits: exponent not all ones).
-inline bool all_finite(const bfloat16* row, index_t n, index_t stride) {
-  unsigned bad = 0;  // no early exit: the loop over a row vectorizes
-  for (index_t e = 0; e < n; ++e) bad |= (amx_pack::bits(row + e * stride) & 0x7F80u) == 0x7F80u;
-  return bad == 0;
-}
+// Whether every element of q, k, v and dO is finite.
 inline bool inputs_finite(const BackwardProblem<bfloat16>& bp) {
   const AttentionProblem<bfloat16>& p = bp.fwd;
   for (index_t b = 0; b < p.batch(); ++b) {

@@ -1236,7 +1236,11 @@ struct Bf16DotKernel {
     // rescaling O) measured slower in prefill and in-cache decode
     // (2026-11-28, the Xeon VM of the README: bf16 causal 16k 882 -> 976 ms,
     // decode GQA 32/4 over 4k keys 0.52 -> 0.57 ms, minimum of three
-    // alternations each): the engine hands none.
+    // alternations each), and so did requests spread over pack_v in paged
+    // decode, whose random page order the hardware prefetchers cannot
+    // follow (pages of 16, 32k keys, 2 threads: GQA 8/1 0.96 -> 1.06 ms
+    // into L1, 1.10 into L2; 32/4 5.02 -> 6.07 and 5.99 ms): the engine
+    // hands none.
     static constexpr bool kDecodeRowsAhead = false, kPrefillRowsAhead = false;
     void scores(const detail::AttentionProblem<bfloat16>& p, const detail::SequenceGeometry& seq, index_t kv_head,
                 index_t r0, float q_scale, const ScoreTile& tile, detail::TileScratch<K>& sc, const RowsAhead&) const {
